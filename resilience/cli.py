@@ -1,0 +1,63 @@
+"""`python -m resilience run PATH... [--case ID]`: run scenario files outside pytest and print verdicts."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .errors import ResilienceError
+from .harness import Harness
+from .loader import is_scenario_file, load_file
+from .outcome import judge_case
+from .report import render, verdict_line
+
+
+def _scenario_files(paths: list[str]) -> list[Path]:
+    files: list[Path] = []
+    for text in paths:
+        path = Path(text)
+        if path.is_dir():
+            files.extend(sorted(p for p in path.rglob("*") if is_scenario_file(p)))
+        else:
+            files.append(path)
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="resilience", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run scenario files (or directories of them)")
+    run.add_argument("paths", nargs="+")
+    run.add_argument("--case", help="run only the case with this id (as printed in reports)")
+    run.add_argument("--keep", action="store_true", help="keep each case's work directory")
+    run.add_argument("--workdir", type=Path, help="where case work directories go")
+    args = parser.parse_args(argv)
+
+    harness = Harness(work_root=args.workdir, keep=args.keep)
+    failures = 0
+    for path in _scenario_files(args.paths):
+        try:
+            scenario = load_file(path)
+        except ResilienceError as exc:
+            print(f"ERROR {exc}", flush=True)
+            failures += 1
+            continue
+        for case in scenario.cases:
+            if args.case and case.id != args.case:
+                continue
+            try:
+                result = harness.run(case)
+            except ResilienceError as exc:
+                print(f"ERROR {case.source}[{case.id}]: {exc}", flush=True)
+                failures += 1
+                continue
+            outcome = judge_case(result)
+            print(f"{outcome.status.upper():<6} {verdict_line(result)}", flush=True)
+            if outcome.status == "failed":
+                failures += 1
+                print(render(result, outcome.reason), flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

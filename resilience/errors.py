@@ -1,0 +1,31 @@
+"""Errors the framework raises on purpose, each saying what to fix."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+
+class ResilienceError(Exception):
+    """Base of every error the framework raises on purpose."""
+
+
+class ScenarioError(ResilienceError):
+    """A scenario file is malformed: names the file, the key path, the bad value and what is allowed."""
+
+    def __init__(self, path: str, key: str, problem: str, value: Any = None,
+                 allowed: Iterable[Any] | str | None = None):
+        self.path, self.key, self.problem, self.value = path, key, problem, value
+        self.allowed = allowed if isinstance(allowed, (str, type(None))) else ", ".join(map(str, allowed))
+        parts = [f"{path}: {key or '<document>'}: {problem}"]
+        if value is not None:
+            parts.append(f"got {value!r}")
+        if self.allowed:
+            parts.append(f"allowed: {self.allowed}")
+        super().__init__("; ".join(parts))
+
+
+class PluginError(ResilienceError):
+    """A strategy, fault or workload name that cannot be resolved to a plug-in class."""
+
+
+class HarnessError(ResilienceError):
+    """The harness itself could not run a case (not a verdict about the system under test)."""

@@ -1,0 +1,1 @@
+"""Faults (nemeses). See `base.Fault` for the plug-in contract."""

@@ -1,0 +1,127 @@
+"""The contract every fault implements, on the harness side and inside the rank processes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+from ..errors import ResilienceError
+from ..interception import InterceptedFile
+from ..scenario import Case, FaultSpec, Trigger
+
+
+class FaultUnavailable(ResilienceError):
+    """This machine cannot inject the fault (for example: mounting needs root). The case is skipped."""
+
+
+@dataclass
+class Clock:
+    """Where a rank is: maintained by the worker, read by faults to decide whether they fire."""
+
+    phase: str = "idle"  # "train", "save" or "idle"
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class CaseEnvironment:
+    """What the harness side of a fault may touch: the case's own directories."""
+
+    case: Case
+    case_dir: Path
+    checkpoint_dir: Path
+
+
+@dataclass(frozen=True)
+class RankEnvironment:
+    """What the rank side of a fault sees in the first run's rank processes."""
+
+    rank: int
+    world_size: int
+    checkpoint_dir: Path
+    clock: Clock
+    emit: Callable[..., None] = field(repr=False)  # emit(event_name, **fields) into the rank's event log
+
+
+class Fault:
+    """A fault: what goes wrong, and a trigger saying when.
+
+    Call order.
+    Harness process: ``setup(env)`` before the first run; ``heal(env)`` after the first run ended
+    (the operator's repair, e.g. freeing disk space), before the restart; ``teardown(env)`` always,
+    last, even when an earlier call raised.
+    Rank processes of the first run (every rank; the fault checks its trigger's rank itself):
+    ``arm(env)`` once, before the strategy exists; ``at(phase, step)`` when the rank enters a train
+    step or a save; the IO hooks (``on_open``, ``on_write``, ``on_fsync``, ``before_close``,
+    ``after_close``) for files under the checkpoint directory. Restarted ranks get no fault.
+    A fault that fires calls ``fired(...)`` first, so the event is on record before it acts.
+    """
+
+    kind: ClassVar[str] = ""
+    needs_trigger: ClassVar[bool] = True
+    #: trigger points allowed per phase; the first is the default
+    points: ClassVar[dict[str, tuple[str, ...]]] = {
+        "save": ("start", "open", "write", "fsync", "close"), "train": ("start",)}
+    #: points at which ``after_bytes`` means something
+    byte_points: ClassVar[tuple[str, ...]] = ("write",)
+    #: kind-specific keys: name -> (allowed values, default)
+    params: ClassVar[dict[str, tuple[tuple[str, ...], str]]] = {}
+
+    def __init__(self, spec: FaultSpec):
+        self.spec = spec
+        self.trigger: Trigger | None = spec.trigger
+        self.env: RankEnvironment | None = None
+
+    @classmethod
+    def check(cls, spec: FaultSpec) -> tuple[str, str, Any, Any] | None:
+        """Kind-specific validation: None, or (key, problem, value, allowed) for the loader to report."""
+        return None
+
+    # -- harness side ---------------------------------------------------------------------------
+    def setup(self, env: CaseEnvironment) -> None:
+        pass
+
+    def heal(self, env: CaseEnvironment) -> None:
+        pass
+
+    def teardown(self, env: CaseEnvironment) -> None:
+        pass
+
+    # -- rank side ------------------------------------------------------------------------------
+    def arm(self, env: RankEnvironment) -> None:
+        self.env = env
+
+    def at(self, phase: str, step: int) -> None:
+        pass
+
+    def on_open(self, file: InterceptedFile) -> None:
+        pass
+
+    def on_write(self, file: InterceptedFile, data: Any, nbytes: int) -> None:
+        pass
+
+    def on_fsync(self, file: InterceptedFile) -> None:
+        pass
+
+    def before_close(self, file: InterceptedFile) -> None:
+        pass
+
+    def after_close(self, file: InterceptedFile) -> None:
+        pass
+
+    # -- helpers for subclasses -----------------------------------------------------------------
+    def on_trigger_rank(self) -> bool:
+        return self.env is not None and self.trigger is not None and self.env.rank == self.trigger.rank
+
+    def in_trigger_window(self) -> bool:
+        """This rank is at the trigger's step and phase."""
+        clock = self.env.clock if self.env else None
+        return (self.on_trigger_rank() and clock.phase == self.trigger.phase
+                and clock.step == self.trigger.step)
+
+    def file_matches(self, file: InterceptedFile) -> bool:
+        from fnmatch import fnmatchcase
+        return fnmatchcase(file.relative, self.trigger.file)
+
+    def fired(self, **detail: Any) -> None:
+        clock = self.env.clock
+        self.env.emit("fault_fired", kind=self.spec.kind, step=clock.step, phase=clock.phase, **detail)

@@ -1,0 +1,256 @@
+"""Runs one case: reference -> first run (fault armed) -> restart -> [continuation], then verify.
+
+Every phase has a deadline; the whole rank group is destroyed at the end of every phase, on the
+first rank failure (as torchrun does) and on any exception in the harness itself.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import plugins
+from .backend import BACKENDS, ProcessBackend
+from .errors import HarnessError
+from .faults.base import CaseEnvironment
+from .phases import CONTINUATION, FIRST_RUN, REFERENCE, RESTART, PhasePlan
+from .scenario import Case
+from .verify import Verdict, judge
+
+POLL_S = 0.02
+STACK_DUMP_WAIT_S = 1.0
+LOG_TAIL_CHARS = 3000
+
+
+@dataclass(frozen=True)
+class RankError:
+    """The evidence of a LOUD verdict: who failed, where, with what."""
+
+    rank: int
+    phase: str
+    type: str
+    message: str
+    traceback: str
+    time: float
+
+    def summary(self) -> str:
+        return f"{self.type}: {self.message}"
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    rank: int
+    returncode: int | None
+    events: tuple[dict, ...]
+    stdout_tail: str
+    stderr_tail: str
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    name: str
+    world_size: int
+    status: str  # "completed", "failed", "fault_killed" or "deadline"
+    ranks: tuple[RankRecord, ...]
+    first_error: RankError | None
+    fault_events: tuple[dict, ...]
+    elapsed_s: float
+
+    def events(self, kind: str) -> list[dict]:
+        return [e for record in self.ranks for e in record.events if e["event"] == kind]
+
+    def losses(self, rank: int) -> dict[int, float]:
+        return {e["step"]: e["loss"] for e in self.ranks[rank].events if e["event"] == "loss"}
+
+    def restored(self) -> dict[int, dict]:
+        return {e["rank"]: e for e in self.events("restored")}
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    case: Case
+    verdict: Verdict
+    phases: tuple[PhaseResult, ...]
+    work_dir: Path
+
+    @property
+    def fault_fired(self) -> bool:
+        return any(phase.fault_events for phase in self.phases)
+
+
+class Harness:
+    def __init__(self, backend: ProcessBackend | None = None, work_root: Path | None = None, keep: bool = False):
+        self.backend = backend or BACKENDS["spawn"]()
+        self.work_root, self.keep = work_root, keep
+
+    def run(self, case: Case) -> CaseResult:
+        if self.work_root is not None:
+            self.work_root.mkdir(parents=True, exist_ok=True)
+        work_dir = Path(tempfile.mkdtemp(prefix="resilience-", dir=self.work_root))
+        try:
+            return self._run(case, work_dir)
+        finally:
+            if not self.keep:
+                shutil.rmtree(work_dir, ignore_errors=True)
+
+    def _run(self, case: Case, work_dir: Path) -> CaseResult:
+        checkpoint_dir = work_dir / "checkpoints"
+        checkpoint_dir.mkdir()
+        case_file = work_dir / "case.json"
+        case_file.write_text(json.dumps({"source": case.source, "id": case.id, "document": case.document}))
+        snapshots = work_dir / "reference-snapshots" if case.topology_changes else None
+        plan = _Planner(case, work_dir, case_file, checkpoint_dir)
+
+        reference = self._phase(plan.make(REFERENCE, case.workload.world_size, "fresh", record_states=True,
+                                          snapshot_dir=snapshots), case)
+        if reference.status != "completed":
+            raise HarnessError(f"the uninterrupted reference run did not complete ({reference.status}): "
+                               f"{reference.first_error.summary() if reference.first_error else ''}\n"
+                               + _tails(reference))
+        fault = plugins.resolve("fault", case.fault.kind)(case.fault)
+        env = CaseEnvironment(case=case, case_dir=work_dir, checkpoint_dir=checkpoint_dir)
+        phases = [reference]
+        try:
+            fault.setup(env)
+            phases.append(self._phase(plan.make(FIRST_RUN, case.workload.world_size, "strategy_fresh",
+                                                save=True, inject=True), case))
+            fault.heal(env)
+            restart = self._phase(plan.make(RESTART, case.restart.world_size, "strategy", save=True,
+                                            rank_map=case.restart.rank_map), case)
+            phases.append(restart)
+            restored = restart.restored()
+            if case.topology_changes and 0 in restored and snapshots is not None:
+                step = restored[0]["step"]
+                if (snapshots / f"step_{step}").is_dir():
+                    phases.append(self._phase(plan.make(CONTINUATION, case.restart.world_size, "snapshot",
+                                                        snapshot_dir=snapshots, snapshot_step=step), case))
+        finally:
+            fault.teardown(env)
+        verdict = judge(case, *phases)
+        return CaseResult(case=case, verdict=verdict, phases=tuple(phases), work_dir=work_dir)
+
+    def _phase(self, plan: PhasePlan, case: Case) -> PhaseResult:
+        phase_dir = Path(plan.phase_dir)
+        phase_dir.mkdir(parents=True)
+        plan_path = phase_dir / "plan.json"
+        plan.write(plan_path)
+        started = time.monotonic()
+        deadline = started + case.timeouts.phase_s
+        ranks = self.backend.start(plan, plan_path)
+        status, codes = "completed", [None] * len(ranks)
+        try:
+            while True:
+                codes = [r.poll() for r in ranks]  # ranks still None here are torn down, not failed
+                if any(code not in (None, 0) for code in codes):
+                    status = "failed"
+                    break
+                if all(code == 0 for code in codes):
+                    break
+                if time.monotonic() > deadline:
+                    status = "deadline"
+                    for rank in ranks:  # faulthandler in each rank prints every thread's stack
+                        rank.signal(signal.SIGUSR1)
+                    time.sleep(STACK_DUMP_WAIT_S)
+                    break
+                time.sleep(POLL_S)
+        finally:
+            for rank in ranks:
+                rank.destroy()
+        return _collect(plan, status, codes, time.monotonic() - started)
+
+
+class _Planner:
+    def __init__(self, case: Case, work_dir: Path, case_file: Path, checkpoint_dir: Path):
+        self.case, self.work_dir, self.case_file, self.checkpoint_dir = case, work_dir, case_file, checkpoint_dir
+
+    def make(self, name: str, world_size: int, start: str, *, save: bool = False, inject: bool = False,
+             record_states: bool = False, snapshot_dir: Path | None = None, snapshot_step: int | None = None,
+             rank_map: tuple[int, ...] | None = None) -> PhasePlan:
+        phase_dir = self.work_dir / name
+        return PhasePlan(
+            name=name, case_file=str(self.case_file), world_size=world_size,
+            store_path=str(phase_dir / "store"), checkpoint_dir=str(self.checkpoint_dir),
+            phase_dir=str(phase_dir), start="fresh" if start == "strategy_fresh" else start, save=save,
+            inject=inject, record_states=record_states,
+            snapshot_dir=str(snapshot_dir) if snapshot_dir else None, snapshot_step=snapshot_step,
+            rank_map=rank_map or tuple(range(world_size)),
+            collective_timeout_s=self.case.timeouts.collective_s, harness_pid=os.getpid())
+
+
+def _collect(plan: PhasePlan, status: str, codes: list[int | None], elapsed: float) -> PhaseResult:
+    records = []
+    for rank, code in enumerate(codes):
+        out_path, err_path = plan.log_paths(rank)
+        records.append(RankRecord(rank=rank, returncode=code, events=tuple(_read_events(plan.events_path(rank))),
+                                  stdout_tail=_tail(out_path), stderr_tail=_tail(err_path)))
+    fault_events = tuple(e for r in records for e in r.events if e["event"] == "fault_fired")
+    first_error = None
+    if status == "failed":
+        first_error = _first_error(plan.name, records, fault_events)
+        if first_error is None:
+            status = "fault_killed"
+    return PhaseResult(name=plan.name, world_size=plan.world_size, status=status, ranks=tuple(records),
+                       first_error=first_error, fault_events=fault_events, elapsed_s=elapsed)
+
+
+def _first_error(phase: str, records: list[RankRecord], fault_events: tuple[dict, ...]) -> RankError | None:
+    """The earliest failure, unless an injected kill came first (peers' errors are its consequences)."""
+    kill_times = [e["time"] for e in fault_events if e.get("ends_process")]
+    errors = []
+    for record in records:
+        raised = [e for e in record.events if e["event"] == "error"]
+        if raised:
+            e = raised[0]
+            errors.append(RankError(record.rank, phase, e["type"], e["message"], e.get("traceback", ""), e["time"]))
+        elif record.returncode not in (None, 0) and not any(e.get("ends_process") for e in record.events):
+            errors.append(_crash(phase, record))
+    errors.sort(key=lambda e: e.time)
+    if kill_times and (not errors or min(kill_times) <= errors[0].time):
+        return None
+    return errors[0] if errors else None
+
+
+def _crash(phase: str, record: RankRecord) -> RankError:
+    """A rank that died without raising (segfault, std::terminate, an outside SIGKILL): still loud."""
+    code = record.returncode
+    if code is not None and code < 0:
+        kind, what = "Crash", f"rank {record.rank} killed by {signal.Signals(-code).name}"
+    else:
+        kind, what = "Crash", f"rank {record.rank} exited with status {code} without raising"
+    last_lines = [line for line in record.stderr_tail.strip().splitlines() if line.strip()][-3:]
+    message = what + (": " + " | ".join(last_lines) if last_lines else "")
+    return RankError(record.rank, phase, kind, message, record.stderr_tail, time.time())
+
+
+def _read_events(path: Path) -> list[dict]:
+    events = []
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return events
+    for line in lines:
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:  # the last line of a killed rank may be cut
+            continue
+    return events
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - LOG_TAIL_CHARS))
+            return f.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _tails(phase: PhaseResult) -> str:
+    return "\n".join(f"--- rank {r.rank} stderr ---\n{r.stderr_tail}" for r in phase.ranks if r.stderr_tail.strip())
+

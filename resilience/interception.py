@@ -1,0 +1,159 @@
+"""In-process IO interception: files a rank writes under the checkpoint directory go through
+`InterceptedFile`, which lets fault listeners act at exact byte offsets with real effects on disk.
+
+Installed in a rank process before any checkpoint code runs. It reaches ``open``/``io.open``,
+``torch.save`` given a path (torch would otherwise write from C++, unseen), and ``os.fsync``.
+With no listener armed the cost is one Python call per ``write``.
+"""
+from __future__ import annotations
+
+import builtins
+import io
+import os
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+WRITE_MODE_CHARS = set("wax+")
+
+
+class IOListener(Protocol):
+    """Hooks called on files under the checkpoint directory, in this order per file:
+    ``on_open`` once; ``on_write`` before each write (it may write a prefix itself through
+    ``file.write_through`` and then raise or end the process); ``on_fsync`` before each fsync;
+    ``before_close`` then ``after_close`` once."""
+
+    def on_open(self, file: "InterceptedFile") -> None: ...
+    def on_write(self, file: "InterceptedFile", data: Any, nbytes: int) -> None: ...
+    def on_fsync(self, file: "InterceptedFile") -> None: ...
+    def before_close(self, file: "InterceptedFile") -> None: ...
+    def after_close(self, file: "InterceptedFile") -> None: ...
+
+
+class InterceptedFile:
+    """A writable file object that reports every write, fsync and close to the listeners."""
+
+    def __init__(self, raw: Any, path: Path, relative: str, listeners: Sequence[IOListener], registry: dict):
+        self._raw, self.path, self.relative = raw, path, relative
+        self._listeners, self._registry = listeners, registry
+        self.offset = raw.tell() if raw.seekable() else 0
+        self.closed_by_us = False
+        try:
+            self._fd = raw.fileno()
+            registry[self._fd] = self
+        except (OSError, io.UnsupportedOperation):
+            self._fd = None
+        for listener in listeners:
+            listener.on_open(self)
+
+    # -- writing ----------------------------------------------------------------------------------
+    def write(self, data: Any) -> int:
+        nbytes = len(data.encode()) if isinstance(data, str) else memoryview(data).nbytes
+        for listener in self._listeners:
+            listener.on_write(self, data, nbytes)
+        return self.write_through(data)
+
+    def write_through(self, data: Any) -> int:
+        """Write without consulting listeners (a listener uses it to write a prefix)."""
+        written = self._raw.write(data)
+        self.offset += len(data.encode()) if isinstance(data, str) else (written or 0)
+        return written
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush_to_os(self) -> None:
+        """Hand everything buffered to the kernel: a SIGKILL after this keeps it on disk."""
+        self._raw.flush()
+
+    def truncate_to(self, size: int) -> None:
+        self._raw.flush()
+        if self._fd is not None:
+            os.ftruncate(self._fd, size)
+
+    def fsync(self) -> None:
+        for listener in self._listeners:
+            listener.on_fsync(self)
+
+    def close(self) -> None:
+        if self._raw.closed:
+            return
+        try:
+            for listener in self._listeners:
+                listener.before_close(self)
+        finally:
+            if self._fd is not None:
+                self._registry.pop(self._fd, None)
+            self._raw.close()
+        for listener in self._listeners:
+            listener.after_close(self)
+
+    # -- file protocol ----------------------------------------------------------------------------
+    def __enter__(self) -> "InterceptedFile":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __iter__(self):
+        return iter(self._raw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+class Interceptor:
+    """Routes writes under ``root`` through `InterceptedFile`. One per rank process."""
+
+    def __init__(self, root: Path, listeners: Sequence[IOListener]):
+        self.root = Path(os.path.abspath(root))
+        self.listeners = list(listeners)
+        self.open_files: dict[int, InterceptedFile] = {}
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def relative(self, file: Any) -> str | None:
+        if not isinstance(file, (str, bytes, os.PathLike)):
+            return None
+        path = os.path.abspath(os.fsdecode(file))
+        try:
+            relative = os.path.relpath(path, self.root)
+        except ValueError:
+            return None
+        return None if relative.startswith("..") or relative == "." else relative.replace(os.sep, "/")
+
+    def install(self) -> None:
+        import torch
+        import torch.serialization
+
+        real_open, real_save, real_fsync = builtins.open, torch.serialization.save, os.fsync
+
+        def intercepted_open(file, mode="r", *args, **kwargs):
+            raw = real_open(file, mode, *args, **kwargs)
+            relative = self.relative(file) if WRITE_MODE_CHARS & set(mode) else None
+            if relative is None:
+                return raw
+            return InterceptedFile(raw, Path(os.fsdecode(file)), relative, self.listeners, self.open_files)
+
+        def intercepted_save(obj, f, *args, **kwargs):
+            if self.relative(f) is None:
+                return real_save(obj, f, *args, **kwargs)
+            with intercepted_open(f, "wb") as handle:
+                return real_save(obj, handle, *args, **kwargs)
+
+        def intercepted_fsync(fd):
+            number = fd if isinstance(fd, int) else fd.fileno()
+            file = self.open_files.get(number)
+            if file is not None:
+                file.fsync()
+            return real_fsync(fd)
+
+        for owner, name, new in ((builtins, "open", intercepted_open), (io, "open", intercepted_open),
+                                 (torch, "save", intercepted_save), (torch.serialization, "save", intercepted_save),
+                                 (os, "fsync", intercepted_fsync)):
+            self._saved.append((owner, name, getattr(owner, name)))
+            setattr(owner, name, new)
+
+    def uninstall(self) -> None:
+        while self._saved:
+            owner, name, old = self._saved.pop()
+            setattr(owner, name, old)

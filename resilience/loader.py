@@ -1,0 +1,408 @@
+"""YAML scenario files -> validated, matrix-expanded `Scenario`s.
+
+Every problem becomes a `ScenarioError` naming the file, the key path, the bad value and what is
+allowed; nothing else escapes from here.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import plugins
+from .errors import PluginError, ScenarioError
+from .scenario import (Case, Expect, FaultSpec, KnownIssue, Outcome, RestartSpec, Scenario,
+                       StrategySpec, Timeouts, Trigger, VerdictKind, WorkloadSpec)
+
+SCENARIO_SUFFIXES = (".scenario.yaml", ".scenario.yml")
+TOP_KEYS = ("name", "description", "strategy", "workload", "fault", "restart", "expect",
+            "known_issue", "timeouts", "tier", "matrix")
+WORKLOAD_KEYS = ("model", "world_size", "steps", "checkpoint_every", "seed", "global_batch", "size",
+                 "rank_rng", "options")
+TRIGGER_KEYS = ("rank", "step", "phase", "point", "file", "after_bytes")
+RESTART_KEYS = ("world_size", "rank_map")
+EXPECT_KEYS = ("outcome", "error", "fallback_ok")
+KNOWN_ISSUE_KEYS = ("reason", "link", "verdict")
+TIMEOUT_KEYS = ("collective", "phase")
+TIERS = ("smoke", "full")
+RANK_RNG = ("same", "distinct")
+MAX_WORLD_SIZE = 64
+SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*([a-zA-Z]*)\s*$")
+DEFAULT_TIMEOUTS = {"collective": 60.0, "phase": 180.0}
+
+
+def is_scenario_file(path: Path | str) -> bool:
+    return str(path).endswith(SCENARIO_SUFFIXES)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """Safe YAML that rejects duplicate keys instead of keeping the last one silently."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_file(path: Path | str) -> Scenario:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(str(path), "", f"cannot read the file: {exc}") from None
+    return load_text(text, str(path))
+
+
+def load_text(text: str, source: str) -> Scenario:
+    try:
+        document = yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ScenarioError(source, "", f"YAML syntax error{where}: {problem}") from None
+    except RecursionError:
+        raise ScenarioError(source, "", "YAML nesting too deep") from None
+    return load_document(document, source)
+
+
+def load_document(document: Any, source: str) -> Scenario:
+    doc = _mapping(source, "", document, TOP_KEYS)
+    matrix = doc.pop("matrix", None)
+    cases = []
+    for case_id, overrides in _expand_matrix(source, matrix):
+        case_doc = copy.deepcopy(doc)
+        for key_path, value in overrides:
+            _set_path(source, case_doc, key_path, value)
+        where = f" (matrix case {case_id})" if case_id else ""
+        cases.append(parse_case(case_doc, source, case_id, where))
+    name = cases[0].name
+    return Scenario(path=source, name=name, cases=tuple(cases))
+
+
+def parse_case(document: Any, source: str, case_id: str = "", where: str = "") -> Case:
+    """Validate one case document (a scenario without `matrix`). Workers re-parse what the harness sends."""
+    v = _Validator(source, where)
+    doc = v.mapping("", document, TOP_KEYS)
+    if "matrix" in doc:
+        raise v.error("matrix", "a case document cannot carry a matrix", doc["matrix"])
+    name = v.string("name", doc.get("name"))
+    description = v.string("description", doc.get("description"))
+    tier = v.choice("tier", doc.get("tier", "full"), TIERS)
+    strategy = v.strategy(doc.get("strategy"))
+    workload = v.workload(doc.get("workload"))
+    fault = v.fault(doc.get("fault", {"kind": "none"}), workload)
+    restart = v.restart(doc.get("restart", {}), workload)
+    expect = v.expect(doc.get("expect"))
+    known_issue = v.known_issue(doc.get("known_issue"), expect)
+    timeouts = v.timeouts(doc.get("timeouts", {}))
+    return Case(id=case_id or "case", source=source, name=name, description=description, tier=tier,
+                strategy=strategy, workload=workload, fault=fault, restart=restart, expect=expect,
+                known_issue=known_issue, timeouts=timeouts, document=doc)
+
+
+def parse_size(text: Any) -> int | None:
+    """Bytes from an int or a string like '64KiB', '512 MiB', '1GiB'; None if not a size."""
+    if isinstance(text, bool):
+        return None
+    if isinstance(text, int):
+        return text if text >= 0 else None
+    if not isinstance(text, str):
+        return None
+    match = SIZE_PATTERN.match(text)
+    if not match or match.group(2).lower() not in SIZE_UNITS:
+        return None
+    return int(match.group(1)) * SIZE_UNITS[match.group(2).lower()]
+
+
+def _mapping(source: str, key: str, value: Any, allowed: tuple[str, ...]) -> dict:
+    return _Validator(source, "").mapping(key, value, allowed)
+
+
+def _expand_matrix(source: str, matrix: Any) -> list[tuple[str, list[tuple[str, Any]]]]:
+    if matrix is None:
+        return [("", [])]
+    if isinstance(matrix, dict):
+        if not matrix:
+            raise ScenarioError(source, "matrix", "an empty matrix expands to no case", matrix,
+                                "a mapping of key path -> list of values, or a list of mappings")
+        axes = []
+        for key_path, values in matrix.items():
+            _check_key_path(source, key_path)
+            if not isinstance(values, list) or not values:
+                raise ScenarioError(source, f"matrix.{key_path}", "must be a non-empty list of values", values)
+            axes.append([(key_path, value) for value in values])
+        combos = [list(combo) for combo in itertools.product(*axes)]
+    elif isinstance(matrix, list):
+        if not matrix:
+            raise ScenarioError(source, "matrix", "an empty matrix expands to no case", matrix,
+                                "a mapping of key path -> list of values, or a list of mappings")
+        combos = []
+        for index, entry in enumerate(matrix):
+            if not isinstance(entry, dict) or not entry:
+                raise ScenarioError(source, f"matrix[{index}]", "must be a non-empty mapping of key path -> value", entry)
+            for key_path in entry:
+                _check_key_path(source, key_path, f"matrix[{index}]")
+            combos.append(list(entry.items()))
+    else:
+        raise ScenarioError(source, "matrix", "must be a mapping or a list", matrix,
+                            "a mapping of key path -> list of values, or a list of mappings")
+    expanded, seen = [], set()
+    for combo in combos:
+        case_id = ",".join(f"{key}={_id_value(value)}" for key, value in combo)
+        if case_id in seen:
+            raise ScenarioError(source, "matrix", f"two cases have the same values ({case_id})")
+        seen.add(case_id)
+        expanded.append((case_id, combo))
+    return expanded
+
+
+def _id_value(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return re.sub(r"[^\w.-]+", "_", str(value)).strip("_") or "x"
+    return str(value)
+
+
+def _check_key_path(source: str, key_path: Any, where: str = "matrix") -> None:
+    if not isinstance(key_path, str) or not re.match(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$", key_path):
+        raise ScenarioError(source, where, "keys must be dotted key paths such as fault.rank", key_path)
+    if key_path.split(".")[0] not in TOP_KEYS or key_path == "matrix":
+        raise ScenarioError(source, f"{where}.{key_path}", "unknown key path", key_path,
+                            [k for k in TOP_KEYS if k != "matrix"])
+
+
+def _set_path(source: str, doc: dict, key_path: str, value: Any) -> None:
+    parts = key_path.split(".")
+    node = doc
+    for depth, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif isinstance(child, str) and depth == 0 and part in ("strategy", "expect"):
+            child = node[part] = {"name" if part == "strategy" else "outcome": child}
+        if not isinstance(child, dict):
+            raise ScenarioError(source, f"matrix.{key_path}", f"{'.'.join(parts[:depth + 1])} is not a mapping", child)
+        node = child
+    node[parts[-1]] = copy.deepcopy(value)
+
+
+class _Validator:
+    """Checks one case document; every error names the key path."""
+
+    def __init__(self, source: str, where: str):
+        self.source, self.where = source, where
+
+    def error(self, key: str, problem: str, value: Any = None, allowed: Any = None) -> ScenarioError:
+        return ScenarioError(self.source, key + self.where, problem, value, allowed)
+
+    # -- primitives -------------------------------------------------------------------------------
+    def mapping(self, key: str, value: Any, allowed: tuple[str, ...]) -> dict:
+        if not isinstance(value, dict):
+            raise self.error(key, "must be a mapping", value, allowed)
+        for k in value:
+            if k not in allowed:
+                raise self.error(_join(key, str(k)), "unknown key", k, allowed)
+        return dict(value)
+
+    def required(self, key: str, value: Any) -> Any:
+        if value is None:
+            raise self.error(key, "missing required key")
+        return value
+
+    def string(self, key: str, value: Any) -> str:
+        value = self.required(key, value)
+        if not isinstance(value, str) or not value.strip():
+            raise self.error(key, "must be a non-empty string", value)
+        return value
+
+    def integer(self, key: str, value: Any, low: int, high: int | None = None, allowed: str | None = None) -> int:
+        value = self.required(key, value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(key, "must be an integer", value, allowed or _range(low, high))
+        if value < low or (high is not None and value > high):
+            raise self.error(key, "out of range", value, allowed or _range(low, high))
+        return value
+
+    def number(self, key: str, value: Any, low: float) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > low:
+            raise self.error(key, f"must be a number > {low}", value)
+        return float(value)
+
+    def choice(self, key: str, value: Any, allowed: tuple[str, ...]) -> str:
+        value = self.required(key, value)
+        if value not in allowed:
+            raise self.error(key, "not one of the allowed values", value, allowed)
+        return value
+
+    def boolean(self, key: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise self.error(key, "must be true or false", value)
+        return value
+
+    def plugin(self, kind: str, key: str, name: Any) -> type:
+        name = self.string(key, name)
+        try:
+            return plugins.resolve(kind, name)
+        except PluginError as exc:
+            raise self.error(key, str(exc), name, list(plugins.TABLES[kind]) + ["package.module:Class"]) from None
+
+    # -- sections ---------------------------------------------------------------------------------
+    def strategy(self, value: Any) -> StrategySpec:
+        if isinstance(value, dict):
+            doc = self.mapping("strategy", value, ("name", "options"))
+            name, options = doc.get("name"), doc.get("options", {})
+            key = "strategy.name"
+        else:
+            name, options, key = value, {}, "strategy"
+        cls = self.plugin("strategy", key, name)
+        options = self.mapping("strategy.options", options, tuple(cls.options))
+        return StrategySpec(name=name, options=options)
+
+    def workload(self, value: Any) -> WorkloadSpec:
+        doc = self.mapping("workload", self.required("workload", value), WORKLOAD_KEYS)
+        model = doc.get("model", "mlp")
+        self.plugin("workload", "workload.model", model)
+        world_size = self.integer("workload.world_size", doc.get("world_size"), 1, MAX_WORLD_SIZE)
+        steps = self.integer("workload.steps", doc.get("steps"), 1, 100_000)
+        every = self.integer("workload.checkpoint_every", doc.get("checkpoint_every"), 1, steps,
+                             f"1..steps ({steps})")
+        seed = self.integer("workload.seed", doc.get("seed", 0), 0, 2**31 - 1)
+        global_batch = self.integer("workload.global_batch", doc.get("global_batch", 16), 1, 1 << 20)
+        if global_batch % world_size:
+            raise self.error("workload.global_batch", f"must be divisible by workload.world_size ({world_size})",
+                             global_batch, "a multiple of the world size")
+        size = parse_size(doc.get("size", "64KiB"))
+        if size is None or size < 1024:
+            raise self.error("workload.size", "must be a parameter size of at least 1KiB", doc.get("size"),
+                             "bytes as an integer, or a number with KiB, MiB, GiB (KB, MB, GB)")
+        rank_rng = self.choice("workload.rank_rng", doc.get("rank_rng", "same"), RANK_RNG)
+        options = self.mapping("workload.options", doc.get("options", {}), tuple(doc.get("options", {}) or ()))
+        return WorkloadSpec(model=model, world_size=world_size, steps=steps, checkpoint_every=every, seed=seed,
+                            global_batch=global_batch, size_bytes=size, rank_rng=rank_rng, options=options)
+
+    def fault(self, value: Any, workload: WorkloadSpec) -> FaultSpec:
+        if isinstance(value, str):
+            value = {"kind": value}
+        if not isinstance(value, dict):
+            raise self.error("fault", "must be a mapping with a kind", value, list(plugins.FAULTS))
+        cls = self.plugin("fault", "fault.kind", value.get("kind"))
+        param_keys = tuple(cls.params)
+        doc = self.mapping("fault", value, ("kind",) + (TRIGGER_KEYS if cls.needs_trigger else ()) + param_keys)
+        params = {}
+        for key, (allowed, default) in cls.params.items():
+            params[key] = self.choice(f"fault.{key}", doc.get(key, default), allowed)
+        trigger = self.trigger(doc, workload, cls) if cls.needs_trigger else None
+        spec = FaultSpec(kind=doc["kind"], trigger=trigger, params=params)
+        problem = cls.check(spec)
+        if problem:
+            raise self.error(*problem)
+        return spec
+
+    def trigger(self, doc: dict, workload: WorkloadSpec, cls: type) -> Trigger:
+        rank = self.integer("fault.rank", doc.get("rank"), 0, workload.world_size - 1,
+                            f"0..{workload.world_size - 1} (workload.world_size is {workload.world_size})")
+        phase = self.choice("fault.phase", doc.get("phase", "save"), tuple(cls.points))
+        step = self.integer("fault.step", doc.get("step"), 1, workload.steps, f"1..{workload.steps}")
+        if phase == "save" and step not in workload.checkpoint_steps:
+            raise self.error("fault.step", "no checkpoint is saved at this step", step,
+                             ", ".join(map(str, workload.checkpoint_steps)))
+        after_bytes = doc.get("after_bytes")
+        if after_bytes is not None:
+            after_bytes = parse_size(after_bytes)
+            if after_bytes is None:
+                raise self.error("fault.after_bytes", "must be a byte offset", doc.get("after_bytes"),
+                                 "an integer >= 0 or a size such as 4KiB")
+        default_point = "write" if after_bytes is not None else cls.points[phase][0]
+        point = self.choice("fault.point", doc.get("point", default_point), cls.points[phase])
+        if point == "write" and after_bytes is None and "write" in cls.byte_points:
+            raise self.error("fault.after_bytes", "missing: point 'write' needs a byte offset")
+        if after_bytes is not None and point not in cls.byte_points:
+            raise self.error("fault.after_bytes", f"has no meaning at point {point!r}", after_bytes,
+                             f"points {', '.join(cls.byte_points)}")
+        file = doc.get("file", "*")
+        if not isinstance(file, str) or not file or file.startswith("/") or ".." in file.split("/"):
+            raise self.error("fault.file", "must be a glob relative to the checkpoint directory", file)
+        return Trigger(rank=rank, step=step, phase=phase, point=point, file=file, after_bytes=after_bytes)
+
+    def restart(self, value: Any, workload: WorkloadSpec) -> RestartSpec:
+        doc = self.mapping("restart", value if value is not None else {}, RESTART_KEYS)
+        world_size = self.integer("restart.world_size", doc.get("world_size", workload.world_size), 1, MAX_WORLD_SIZE)
+        if workload.global_batch % world_size:
+            raise self.error("restart.world_size", f"must divide workload.global_batch ({workload.global_batch})",
+                             world_size, [w for w in range(1, MAX_WORLD_SIZE + 1) if workload.global_batch % w == 0])
+        rank_map = doc.get("rank_map", "identity")
+        if rank_map == "identity":
+            mapping = tuple(range(world_size))
+        elif rank_map == "reverse":
+            mapping = tuple(reversed(range(world_size)))
+        elif isinstance(rank_map, list) and sorted(rank_map) == list(range(world_size)) and all(
+                isinstance(r, int) and not isinstance(r, bool) for r in rank_map):
+            mapping = tuple(rank_map)
+        else:
+            raise self.error("restart.rank_map", "must be identity, reverse, or a permutation of the restart's ranks",
+                             rank_map, f"identity, reverse, a list holding each of 0..{world_size - 1} once")
+        if world_size != workload.world_size and mapping != tuple(range(world_size)):
+            raise self.error("restart.rank_map", "a permuted rank map needs the same world size at restart",
+                             rank_map, "identity")
+        return RestartSpec(world_size=world_size, rank_map=mapping)
+
+    def expect(self, value: Any) -> Expect:
+        allowed = [o.value for o in Outcome]
+        doc = {"outcome": value} if isinstance(value, str) or value is None else value
+        doc = self.mapping("expect", doc, EXPECT_KEYS)
+        outcome = Outcome(self.choice("expect.outcome" if isinstance(value, dict) else "expect",
+                                      doc.get("outcome"), tuple(allowed)))
+        error = doc.get("error")
+        if error is not None:
+            if outcome is not Outcome.FAILS_LOUDLY:
+                raise self.error("expect.error", "an error pattern needs outcome fails_loudly", error)
+            if not isinstance(error, str):
+                raise self.error("expect.error", "must be a regular expression string", error)
+            try:
+                re.compile(error)
+            except re.error as exc:
+                raise self.error("expect.error", f"not a valid regular expression: {exc}", error) from None
+        fallback_ok = self.boolean("expect.fallback_ok", doc.get("fallback_ok", False))
+        return Expect(outcome=outcome, error=error, fallback_ok=fallback_ok)
+
+    def known_issue(self, value: Any, expect: Expect) -> KnownIssue | None:
+        if value is None:
+            return None
+        doc = self.mapping("known_issue", value, KNOWN_ISSUE_KEYS)
+        verdicts = tuple(v.value for v in VerdictKind)
+        verdict = VerdictKind(self.choice("known_issue.verdict", doc.get("verdict"), verdicts))
+        if verdict is expect.verdict:
+            raise self.error("known_issue.verdict", "must differ from the expected verdict", verdict.value,
+                             [v for v in verdicts if v != expect.verdict.value])
+        return KnownIssue(reason=self.string("known_issue.reason", doc.get("reason")),
+                          link=self.string("known_issue.link", doc.get("link")), verdict=verdict)
+
+    def timeouts(self, value: Any) -> Timeouts:
+        doc = self.mapping("timeouts", value, TIMEOUT_KEYS)
+        merged = {**DEFAULT_TIMEOUTS, **doc}
+        collective = self.number("timeouts.collective", merged["collective"], 0)
+        phase = self.number("timeouts.phase", merged["phase"], 0)
+        return Timeouts(collective_s=collective, phase_s=phase)
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _range(low: int, high: int | None) -> str:
+    return f"{low}..{high}" if high is not None else f">= {low}"
+

@@ -1,0 +1,42 @@
+"""The plan of one phase, handed from the harness to every rank process as a JSON file."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REFERENCE, FIRST_RUN, RESTART, CONTINUATION = "reference", "first_run", "restart", "continuation"
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    name: str
+    case_file: str  # JSON: {"source": ..., "id": ..., "document": {...}}
+    world_size: int
+    store_path: str  # FileStore rendezvous: no port, nothing listening
+    checkpoint_dir: str
+    phase_dir: str  # events and logs of each rank
+    start: str  # "fresh", "strategy" (strategy.load) or "snapshot" (trusted reference snapshot)
+    save: bool  # call strategy.save after each checkpoint step
+    inject: bool  # arm the case's fault
+    record_states: bool  # emit the state fingerprint at step 0 and at each checkpoint step
+    snapshot_dir: str | None  # reference: where to write trusted snapshots; continuation: where to read
+    snapshot_step: int | None  # continuation: the step to start from
+    rank_map: tuple[int, ...]
+    collective_timeout_s: float
+    harness_pid: int
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def read(cls, path: Path) -> "PhasePlan":
+        data = json.loads(Path(path).read_text())
+        data["rank_map"] = tuple(data["rank_map"])
+        return cls(**data)
+
+    def events_path(self, rank: int) -> Path:
+        return Path(self.phase_dir) / f"rank{rank}.events.jsonl"
+
+    def log_paths(self, rank: int) -> tuple[Path, Path]:
+        return Path(self.phase_dir) / f"rank{rank}.out", Path(self.phase_dir) / f"rank{rank}.err"

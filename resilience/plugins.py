@@ -1,0 +1,55 @@
+"""Resolve the names a scenario uses to plug-in classes: built-in names or `package.module:Class`."""
+from __future__ import annotations
+
+import importlib
+import re
+
+from .errors import PluginError
+
+STRATEGIES = {
+    "none": "resilience.strategies.noop:NoCheckpoint",
+    "torch.rank0": "resilience.strategies.torch_native:RankZeroSave",
+    "torch.per_rank": "resilience.strategies.torch_native:PerRankSave",
+}
+FAULTS = {
+    "none": "resilience.faults.noop:NoFault",
+    "kill": "resilience.faults.kill:Kill",
+    "disk_full": "resilience.faults.disk_full:DiskFull",
+}
+WORKLOADS = {
+    "mlp": "resilience.workload:MLPWorkload",
+}
+TABLES = {"strategy": STRATEGIES, "fault": FAULTS, "workload": WORKLOADS}
+BASES = {
+    "strategy": "resilience.strategies.base:CheckpointStrategy",
+    "fault": "resilience.faults.base:Fault",
+    "workload": "resilience.workload:Workload",
+}
+IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def is_import_path(name: str) -> bool:
+    return bool(IMPORT_PATH.match(name))
+
+
+def _import(target: str):
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attr)
+
+
+def resolve(kind: str, name: str) -> type:
+    """The class for `name`: a built-in name of this kind or `package.module:Class` (a subclass of the base)."""
+    table = TABLES[kind]
+    if name in table:
+        return _import(table[name])
+    if not is_import_path(name):
+        raise PluginError(f"unknown {kind} {name!r}; allowed: {', '.join(table)} or package.module:Class")
+    try:
+        cls = _import(name)
+    except (ImportError, AttributeError) as exc:
+        raise PluginError(f"cannot import {kind} {name!r}: {type(exc).__name__}: {exc}") from exc
+    base = _import(BASES[kind])
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise PluginError(f"{kind} {name!r} is not a subclass of {base.__module__}.{base.__name__}")
+    return cls

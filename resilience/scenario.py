@@ -1,0 +1,123 @@
+"""Frozen data passed between layers: what one scenario file asks for, expanded into cases."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+class Outcome(str, enum.Enum):
+    RECOVERS = "recovers"
+    FAILS_LOUDLY = "fails_loudly"
+
+
+class VerdictKind(str, enum.Enum):
+    RECOVERED = "RECOVERED"
+    LOUD = "LOUD"
+    SILENT = "SILENT"
+    HANG = "HANG"
+
+
+EXPECTED_VERDICT = {Outcome.RECOVERS: VerdictKind.RECOVERED, Outcome.FAILS_LOUDLY: VerdictKind.LOUD}
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    model: str
+    world_size: int
+    steps: int
+    checkpoint_every: int
+    seed: int
+    global_batch: int
+    size_bytes: int
+    rank_rng: str  # "same": identical stream on every rank; "distinct": one stream per rank
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def checkpoint_steps(self) -> tuple[int, ...]:
+        return tuple(range(self.checkpoint_every, self.steps + 1, self.checkpoint_every))
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    name: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """Where a fault fires: on `rank`, in `phase` of `step`, at `point`, optionally inside `file`."""
+
+    rank: int
+    step: int
+    phase: str  # "save" or "train"
+    point: str  # "start", "open", "write", "fsync", "close"
+    file: str  # glob relative to the checkpoint directory
+    after_bytes: int | None
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    kind: str
+    trigger: Trigger | None
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RestartSpec:
+    world_size: int
+    rank_map: tuple[int, ...]  # rank_map[new_rank] = the rank whose place the new rank takes
+
+
+@dataclass(frozen=True)
+class Expect:
+    outcome: Outcome
+    error: str | None  # regex searched in "Type: message" of the first loud error
+    fallback_ok: bool  # restoring an older checkpoint than the newest complete one is acceptable
+
+    @property
+    def verdict(self) -> VerdictKind:
+        return EXPECTED_VERDICT[self.outcome]
+
+
+@dataclass(frozen=True)
+class KnownIssue:
+    reason: str
+    link: str
+    verdict: VerdictKind  # the verdict the real library gives today
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    collective_s: float  # process group timeout: a collective waiting longer raises
+    phase_s: float  # a phase still running after this long is a HANG
+
+
+@dataclass(frozen=True)
+class Case:
+    """One runnable case: a scenario file with one combination of its matrix applied."""
+
+    id: str
+    source: str
+    name: str
+    description: str
+    tier: str
+    strategy: StrategySpec
+    workload: WorkloadSpec
+    fault: FaultSpec
+    restart: RestartSpec
+    expect: Expect
+    known_issue: KnownIssue | None
+    timeouts: Timeouts
+    document: Mapping[str, Any]  # the case as a plain scenario document, for replay and for workers
+
+    @property
+    def topology_changes(self) -> bool:
+        return self.restart.world_size != self.workload.world_size
+
+
+@dataclass(frozen=True)
+class Scenario:
+    path: str
+    name: str
+    cases: tuple[Case, ...]

@@ -1,0 +1,1 @@
+"""Checkpoint systems under test. See `base.CheckpointStrategy` for the plug-in contract."""

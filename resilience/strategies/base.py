@@ -1,0 +1,51 @@
+"""The contract every checkpoint strategy (system under test) implements."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Mapping
+
+from ..workload import Workload
+
+
+@dataclass(frozen=True)
+class StrategyContext:
+    """What a strategy may know about the job it runs in."""
+
+    checkpoint_dir: Path  # shared by every rank; the strategy owns everything under it
+    rank: int
+    world_size: int
+    previous_rank: int | None  # at restart: the rank whose place this rank takes (restart.rank_map)
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class CheckpointStrategy(ABC):
+    """A checkpoint system: saves a workload's state and restores it in a fresh job.
+
+    Call order, in every rank process (``torch.distributed`` is initialised, gloo):
+      1. ``__init__(context)`` on every rank, once per process.
+      2. First run: ``save(workload, step)`` collectively on every rank after each checkpoint step.
+         It returns once this rank considers the checkpoint saved; a checkpoint counts as complete
+         when ``save`` has returned on every rank.
+      3. Restart (fresh processes, maybe another world size): ``load(workload)`` collectively on every
+         rank, once, before training resumes. It restores the newest checkpoint it trusts through
+         ``workload.load_state_dict`` (training then resumes at ``workload.step``), leaves the
+         workload untouched to start from scratch, or raises to refuse. Then ``save`` as in 2.
+    Faults reach a strategy's files through ``open``, ``torch.save`` and ``os.fsync`` on paths under
+    ``context.checkpoint_dir``; a strategy needs no code of its own for that.
+    """
+
+    #: option names a scenario may set under ``strategy.options``
+    options: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, context: StrategyContext):
+        self.context = context
+
+    @abstractmethod
+    def save(self, workload: Workload, step: int) -> None:
+        """Save ``workload.state_dict()`` for ``step``; called on every rank."""
+
+    @abstractmethod
+    def load(self, workload: Workload) -> None:
+        """Restore the newest trusted checkpoint into ``workload``, or raise; called on every rank."""

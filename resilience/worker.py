@@ -1,0 +1,140 @@
+"""One rank of one phase: `python -m resilience.worker PLAN.json RANK`.
+
+Import-safe: nothing runs at import, so libraries that start helpers with the spawn method can
+re-import this module without re-running a rank.
+"""
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from .phases import PhasePlan
+
+PR_SET_PDEATHSIG = 1
+
+
+class EventLog:
+    """Append-only JSON lines, flushed per event so a SIGKILL loses nothing already emitted."""
+
+    def __init__(self, path: Path, rank: int):
+        self.rank = rank
+        self._file = open(path, "a", buffering=1, encoding="utf-8")
+
+    def emit(self, event: str, **fields: Any) -> None:
+        record = {"event": event, "rank": self.rank, "time": time.time(), **fields}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+
+def _die_with_harness(harness_pid: int) -> None:
+    """Ask the kernel to SIGKILL this rank if the harness dies, so no rank outlives it."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != harness_pid:
+        os._exit(3)
+
+
+def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from . import plugins
+    from .faults.base import Clock, RankEnvironment
+    from .interception import Interceptor
+    from .loader import parse_case
+    from .strategies.base import StrategyContext
+
+    torch.set_num_threads(1)  # reductions over several threads change the bits of a sum
+    case_data = json.loads(Path(plan.case_file).read_text())
+    case = parse_case(case_data["document"], case_data["source"], case_data["id"])
+    checkpoint_dir = Path(plan.checkpoint_dir)
+    clock = Clock()
+
+    fault = plugins.resolve("fault", case.fault.kind)(case.fault) if plan.inject else None
+    if plan.save or plan.start == "strategy":
+        Interceptor(checkpoint_dir, [fault] if fault else []).install()
+    if fault:
+        fault.arm(RankEnvironment(rank=rank, world_size=plan.world_size, checkpoint_dir=checkpoint_dir,
+                                  clock=clock, emit=events.emit))
+
+    store = dist.FileStore(plan.store_path, plan.world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=plan.world_size,
+                            timeout=timedelta(seconds=plan.collective_timeout_s))
+    events.emit("joined", world_size=plan.world_size)
+    workload = plugins.resolve("workload", case.workload.model)(case.workload, rank, plan.world_size)
+    strategy = None
+    if plan.save or plan.start == "strategy":
+        context = StrategyContext(checkpoint_dir=checkpoint_dir, rank=rank, world_size=plan.world_size,
+                                  previous_rank=plan.rank_map[rank] if plan.start == "strategy" else None,
+                                  options=dict(case.strategy.options))
+        strategy = plugins.resolve("strategy", case.strategy.name)(context)
+    snapshots = Path(plan.snapshot_dir) if plan.snapshot_dir else None
+
+    if plan.start == "strategy":
+        clock.phase = "load"
+        strategy.load(workload)
+    elif plan.start == "snapshot":
+        workload.load_reference_snapshot(snapshots / f"step_{plan.snapshot_step}")
+    clock.phase = "idle"
+    events.emit("restored", step=workload.step, fingerprint=workload.fingerprint())
+    if plan.record_states and snapshots is not None and plan.start == "fresh":
+        workload.save_reference_snapshot(snapshots / f"step_{workload.step}")
+
+    every = case.workload.checkpoint_every
+    while workload.step < case.workload.steps:
+        step = workload.step + 1
+        clock.phase, clock.step = "train", step
+        if fault:
+            fault.at("train", step)
+        loss = workload.train_step()
+        clock.phase = "idle"
+        events.emit("loss", step=step, loss=loss)
+        if step % every:
+            continue
+        if plan.record_states:
+            events.emit("state", step=step, fingerprint=workload.fingerprint())
+            if snapshots is not None:
+                workload.save_reference_snapshot(snapshots / f"step_{step}")
+        if plan.save:
+            clock.phase = "save"
+            events.emit("save_begin", step=step)
+            if fault:
+                fault.at("save", step)
+            strategy.save(workload, step)
+            clock.phase = "idle"
+            events.emit("save_returned", step=step)
+    dist.barrier()
+    events.emit("done", step=workload.step)
+    dist.destroy_process_group()
+
+
+def main(argv: list[str]) -> int:
+    plan = PhasePlan.read(Path(argv[1]))
+    rank = int(argv[2])
+    _die_with_harness(plan.harness_pid)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    events = EventLog(plan.events_path(rank), rank)
+    try:
+        run(plan, rank, events)
+    except BaseException as exc:  # every failure, SystemExit included, is evidence for the verdict
+        events.emit("error", type=type(exc).__name__, message=str(exc)[:4000],
+                    traceback=traceback.format_exc()[-8000:])
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)  # peers may be stuck in a collective: do not wait for a clean shutdown
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,209 @@
+"""Deterministic training jobs whose checkpointed state is tensors and ints (loadable with weights_only).
+
+The trajectory does not depend on how the fixed global batch is split: every rank takes its slice of
+the same global batch, the loss is normalized by the global batch, and gradients are summed with one
+all-reduce. Only the bits of that sum depend on the world size, which is why the verifier computes
+its oracle on the restart's own topology instead of using a tolerance.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .scenario import WorkloadSpec
+
+
+class Workload(ABC):
+    """A training job on one rank.
+
+    Call order, on every rank of a phase, after the process group exists:
+      1. ``__init__(spec, rank, world_size)`` builds model, optimizer and data deterministically from
+         ``spec.seed``: every rank gets the same initial state.
+      2. zero or one restore: ``load_state_dict`` (called by a strategy) or ``load_reference_snapshot``.
+      3. ``train_step()`` once per step, collectively on all ranks; it advances ``step`` by one.
+    ``state_dict``, ``load_state_dict`` and ``fingerprint`` may be called between steps.
+    """
+
+    #: keys of ``state_dict()`` whose values differ between ranks (the rest are replicated)
+    rank_local_keys: tuple[str, ...] = ()
+
+    def __init__(self, spec: WorkloadSpec, rank: int, world_size: int):
+        self.spec, self.rank, self.world_size = spec, rank, world_size
+
+    @property
+    @abstractmethod
+    def step(self) -> int:
+        """Number of training steps done (0 before the first)."""
+
+    @abstractmethod
+    def train_step(self) -> float:
+        """One collective training step; returns the global loss, identical on every rank."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Everything that must survive a restart on this rank: tensors, ints, floats, lists, dicts."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned; raises on a missing key."""
+
+    def fingerprint(self) -> dict[str, str]:
+        """A digest per leaf of ``state_dict()``: equal digests mean bitwise-equal state."""
+        return {key: _digest(value) for key, value in _flatten(self.state_dict())}
+
+    def save_reference_snapshot(self, directory: Path) -> None:
+        """Trusted copy of this rank's state, used to compute the oracle on another topology."""
+        directory.mkdir(parents=True, exist_ok=True)
+        torch.save(self.state_dict(), directory / f"rank_{self.rank}.pt")
+
+    def load_reference_snapshot(self, directory: Path) -> None:
+        """Restore from a trusted snapshot saved at any world size.
+
+        Replicated state comes from rank 0; each rank-local key from this rank's own snapshot when
+        one exists, otherwise this rank keeps what ``__init__`` gave it (a rank new to the job).
+        """
+        state = torch.load(directory / "rank_0.pt", weights_only=True)
+        own_path = directory / f"rank_{self.rank}.pt"
+        own = torch.load(own_path, weights_only=True) if own_path.exists() else self.state_dict()
+        for key in self.rank_local_keys:
+            state[key] = own[key]
+        self.load_state_dict(state)
+
+
+class MLPWorkload(Workload):
+    """A tanh MLP regressing a fixed synthetic dataset with Adam and a warm-up/decay LR schedule.
+
+    Checkpointed state: ``step``, ``model``, ``optimizer`` (Adam moments), ``scheduler``, ``data``
+    (epoch and position of the shuffled sampler) and ``rng`` (this rank's input-noise generator).
+    With ``rank_rng: same`` every rank draws the noise of the whole global batch from an identical
+    stream and keeps its slice (so the trajectory is independent of the split); with ``distinct``
+    each rank has its own stream, as real per-rank dropout does, and a restore that hands every rank
+    rank 0's stream changes the losses.
+    """
+
+    rank_local_keys = ("rng",)
+    input_dim = 32
+    dataset_size = 512
+    noise_scale = 0.05
+    base_lr = 1e-3
+
+    def __init__(self, spec: WorkloadSpec, rank: int, world_size: int):
+        super().__init__(spec, rank, world_size)
+        if spec.global_batch % world_size:
+            raise ValueError(f"global batch {spec.global_batch} is not divisible by world size {world_size}")
+        self.local_batch = spec.global_batch // world_size
+        hidden = _hidden_width(spec.size_bytes, self.input_dim)
+        torch.manual_seed(spec.seed)
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(self.input_dim, hidden), torch.nn.Tanh(),
+            torch.nn.Linear(hidden, hidden), torch.nn.Tanh(),
+            torch.nn.Linear(hidden, 1))
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.base_lr, foreach=False)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_factor)
+        data_gen = torch.Generator().manual_seed(spec.seed + 1)
+        self.inputs = torch.randn(self.dataset_size, self.input_dim, generator=data_gen)
+        teacher = torch.randn(self.input_dim, 1, generator=data_gen)
+        self.targets = torch.tanh(self.inputs @ teacher)
+        stream_seed = spec.seed + 2 + (rank + 1) * 7919 if spec.rank_rng == "distinct" else spec.seed + 2
+        self.rng = torch.Generator().manual_seed(stream_seed)
+        self._step = 0
+        self.epoch, self.position = 0, 0
+        self._permutation = self._epoch_permutation(0)
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    def _epoch_permutation(self, epoch: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + epoch)
+        return torch.randperm(self.dataset_size, generator=generator)
+
+    def _next_global_batch(self) -> torch.Tensor:
+        batch = self.spec.global_batch
+        if self.position + batch > self.dataset_size:
+            self.epoch, self.position = self.epoch + 1, 0
+            self._permutation = self._epoch_permutation(self.epoch)
+        indices = self._permutation[self.position:self.position + batch]
+        self.position += batch
+        return indices
+
+    def train_step(self) -> float:
+        indices = self._next_global_batch()
+        start = self.rank * self.local_batch
+        local = indices[start:start + self.local_batch]
+        if self.spec.rank_rng == "same":
+            noise = torch.randn(self.spec.global_batch, self.input_dim, generator=self.rng)[start:start + self.local_batch]
+        else:
+            noise = torch.randn(self.local_batch, self.input_dim, generator=self.rng)
+        inputs = self.inputs[local] + self.noise_scale * noise
+        self.optimizer.zero_grad(set_to_none=False)
+        local_loss = ((self.model(inputs) - self.targets[local]) ** 2).sum() / self.spec.global_batch
+        local_loss.backward()
+        grads = [p.grad for p in self.model.parameters()]
+        flat = torch.cat([g.reshape(-1) for g in grads] + [local_loss.detach().reshape(1)])
+        dist.all_reduce(flat)
+        offset = 0
+        for grad in grads:
+            grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
+        self.optimizer.step()
+        self.scheduler.step()
+        self._step += 1
+        return float(flat[-1])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self._step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "data": {"epoch": self.epoch, "position": self.position},
+            "rng": self.rng.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.epoch, self.position = int(state["data"]["epoch"]), int(state["data"]["position"])
+        self._permutation = self._epoch_permutation(self.epoch)
+        self.rng.set_state(state["rng"])
+        self._step = int(state["step"])
+
+
+def _lr_factor(step: int) -> float:
+    return min(1.0, (step + 1) / 3) * 0.97 ** step
+
+
+def _hidden_width(size_bytes: int, input_dim: int) -> int:
+    """Hidden width whose fp32 parameters take about ``size_bytes``: h*h + (input_dim + 3)*h + 1 params."""
+    params = max(size_bytes // 4, 64)
+    b = input_dim + 3
+    return max(4, int((-b + math.sqrt(b * b + 4 * params)) / 2))
+
+
+def _flatten(value: Any, prefix: str = ""):
+    if isinstance(value, dict):
+        for key in sorted(value, key=str):
+            yield from _flatten(value[key], f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from _flatten(item, f"{prefix}[{index}]")
+    else:
+        yield prefix, value
+
+
+def _digest(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest = hashlib.sha256(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+        if tensor.numel():
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+        return digest.hexdigest()[:20]
+    return hashlib.sha256(repr(value).encode()).hexdigest()[:20]
