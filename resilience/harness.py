@@ -25,6 +25,7 @@ from .verify import Verdict, judge
 POLL_S = 0.02
 STACK_DUMP_WAIT_S = 1.0
 LOG_TAIL_CHARS = 3000
+TEARDOWN_GRACE_S = 1.0  # how long survivors of a rank failure run on before the group is torn down
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,11 @@ class RankError:
     message: str
     traceback: str
     time: float
+    chain: tuple[str, ...] = ()  # 'Type: message' of the exceptions it was raised from
 
     def summary(self) -> str:
-        return f"{self.type}: {self.message}"
+        head = f"{self.type}: {self.message}"
+        return head + "".join(f" (from {link})" for link in self.chain)
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,7 @@ class Harness:
                 codes = [r.poll() for r in ranks]  # ranks still None here are torn down, not failed
                 if any(code not in (None, 0) for code in codes):
                     status = "failed"
+                    codes = self._grace(ranks, codes)
                     break
                 if all(code == 0 for code in codes):
                     break
@@ -162,6 +166,17 @@ class Harness:
             for rank in ranks:
                 rank.destroy()
         return _collect(plan, status, codes, time.monotonic() - started)
+
+
+    @staticmethod
+    def _grace(ranks, codes: list[int | None]) -> list[int | None]:
+        """Like torchrun's agent, notice a failure a moment late: survivors finish the write they are
+        in (a peer's death reaches them at their next collective) instead of being cut at a random byte."""
+        until = time.monotonic() + TEARDOWN_GRACE_S
+        while time.monotonic() < until and any(code is None for code in codes):
+            time.sleep(POLL_S)
+            codes = [r.poll() for r in ranks]
+        return codes
 
 
 class _Planner:
@@ -206,7 +221,8 @@ def _first_error(phase: str, records: list[RankRecord], fault_events: tuple[dict
         raised = [e for e in record.events if e["event"] == "error"]
         if raised:
             e = raised[0]
-            errors.append(RankError(record.rank, phase, e["type"], e["message"], e.get("traceback", ""), e["time"]))
+            errors.append(RankError(record.rank, phase, e["type"], e["message"], e.get("traceback", ""), e["time"],
+                                    tuple(e.get("chain", ()))))
         elif record.returncode not in (None, 0) and not any(e.get("ends_process") for e in record.events):
             errors.append(_crash(phase, record))
     errors.sort(key=lambda e: e.time)

@@ -62,8 +62,9 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     clock = Clock()
 
     fault = plugins.resolve("fault", case.fault.kind)(case.fault) if plan.inject else None
-    if plan.save or plan.start == "strategy":
-        Interceptor(checkpoint_dir, [fault] if fault else []).install()
+    if fault and fault.needs_interception():
+        # Only then: torch.save given a path writes from C++, and the real thing should stay real.
+        Interceptor(checkpoint_dir, [fault]).install()
     if fault:
         fault.arm(RankEnvironment(rank=rank, world_size=plan.world_size, checkpoint_dir=checkpoint_dir,
                                   clock=clock, emit=events.emit))
@@ -119,6 +120,18 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     dist.destroy_process_group()
 
 
+def exception_chain(exc: BaseException) -> list[str]:
+    """'Type: message' of the causes and contexts under ``exc`` (torch.save, for one, reports an
+    ENOSPC from a file object's write as a RuntimeError whose context is the OSError)."""
+    chain, seen = [], {id(exc)}
+    current = exc.__cause__ or exc.__context__
+    while current is not None and id(current) not in seen and len(chain) < 8:
+        seen.add(id(current))
+        chain.append(f"{type(current).__name__}: {str(current)[:1000]}")
+        current = current.__cause__ or current.__context__
+    return chain
+
+
 def main(argv: list[str]) -> int:
     plan = PhasePlan.read(Path(argv[1]))
     rank = int(argv[2])
@@ -128,7 +141,7 @@ def main(argv: list[str]) -> int:
     try:
         run(plan, rank, events)
     except BaseException as exc:  # every failure, SystemExit included, is evidence for the verdict
-        events.emit("error", type=type(exc).__name__, message=str(exc)[:4000],
+        events.emit("error", type=type(exc).__name__, message=str(exc)[:4000], chain=exception_chain(exc),
                     traceback=traceback.format_exc()[-8000:])
         traceback.print_exc()
         sys.stderr.flush()

@@ -76,6 +76,10 @@ class Fault:
         """Kind-specific validation: None, or (key, problem, value, allowed) for the loader to report."""
         return None
 
+    def needs_interception(self) -> bool:
+        """Whether the rank must route checkpoint writes through the interception layer."""
+        return False
+
     # -- harness side ---------------------------------------------------------------------------
     def setup(self, env: CaseEnvironment) -> None:
         pass

@@ -51,6 +51,9 @@ class DiskFull(Fault):
                     "write, fsync, close")
         return None
 
+    def needs_interception(self) -> bool:
+        return self.spec.params["via"] == "quota"
+
     @property
     def budget(self) -> int:
         return self.trigger.after_bytes or 0

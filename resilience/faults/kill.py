@@ -26,6 +26,9 @@ class Kill(Fault):
 
     kind = "kill"
 
+    def needs_interception(self) -> bool:
+        return self.trigger.point in ("open", "write", "fsync", "close")
+
     def at(self, phase: str, step: int) -> None:
         if self.trigger.point == "start" and self.in_trigger_window():
             self._kill(None)
