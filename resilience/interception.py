@@ -119,7 +119,9 @@ class Interceptor:
             relative = os.path.relpath(path, self.root)
         except ValueError:
             return None
-        return None if relative.startswith("..") or relative == "." else relative.replace(os.sep, "/")
+        if relative in (".", os.pardir) or relative.startswith(os.pardir + os.sep):  # not "..name"
+            return None
+        return relative.replace(os.sep, "/")
 
     def install(self) -> None:
         import torch

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ MAX_WORLD_SIZE = 64
 SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*([a-zA-Z]*)\s*$")
 DEFAULT_TIMEOUTS = {"collective": 60.0, "phase": 180.0}
+SHORT_FORMS = {"strategy": "name", "expect": "outcome", "fault": "kind"}  # `strategy: x` = `strategy: {name: x}`
 
 
 def is_scenario_file(path: Path | str) -> bool:
@@ -43,11 +46,29 @@ def is_scenario_file(path: Path | str) -> bool:
 class _StrictLoader(yaml.SafeLoader):
     """Safe YAML that rejects duplicate keys instead of keeping the last one silently."""
 
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep=deep)
+        except (yaml.YAMLError, RecursionError):
+            raise
+        except Exception as exc:  # e.g. `2001-13-45` or `!!int x`: PyYAML raises ValueError & co. without a mark
+            value = node.value if isinstance(node, yaml.ScalarNode) else node.tag
+            raise yaml.constructor.ConstructorError(
+                None, None, f"invalid value {str(value)[:40]!r}: {type(exc).__name__}: {str(exc)[:200]}",
+                node.start_mark) from None
+
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False):
     seen = set()
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # `<<: *anchor` merge keys: SafeLoader.construct_mapping flattens them
         key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a mapping key must be a scalar, not a {type(key).__name__}", key_node.start_mark) from None
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark)
@@ -77,6 +98,8 @@ def load_text(text: str, source: str) -> Scenario:
         raise ScenarioError(source, "", f"YAML syntax error{where}: {problem}") from None
     except RecursionError:
         raise ScenarioError(source, "", "YAML nesting too deep") from None
+    except Exception as exc:  # PyYAML's constructors raise ValueError & co. for e.g. `2001-13-45`, `!!int x`
+        raise ScenarioError(source, "", f"invalid YAML value: {type(exc).__name__}: {exc}") from None
     return load_document(document, source)
 
 
@@ -126,7 +149,11 @@ def parse_size(text: Any) -> int | None:
     match = SIZE_PATTERN.match(text)
     if not match or match.group(2).lower() not in SIZE_UNITS:
         return None
-    return int(match.group(1)) * SIZE_UNITS[match.group(2).lower()]
+    try:
+        number = int(match.group(1))
+    except ValueError:  # more digits than int() accepts (sys.get_int_max_str_digits)
+        return None
+    return number * SIZE_UNITS[match.group(2).lower()]
 
 
 def _mapping(source: str, key: str, value: Any, allowed: tuple[str, ...]) -> dict:
@@ -180,7 +207,7 @@ def _id_value(value: Any) -> str:
 def _check_key_path(source: str, key_path: Any, where: str = "matrix") -> None:
     if not isinstance(key_path, str) or not re.match(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$", key_path):
         raise ScenarioError(source, where, "keys must be dotted key paths such as fault.rank", key_path)
-    if key_path.split(".")[0] not in TOP_KEYS or key_path == "matrix":
+    if key_path.split(".")[0] not in TOP_KEYS or key_path.split(".")[0] == "matrix":
         raise ScenarioError(source, f"{where}.{key_path}", "unknown key path", key_path,
                             [k for k in TOP_KEYS if k != "matrix"])
 
@@ -192,8 +219,8 @@ def _set_path(source: str, doc: dict, key_path: str, value: Any) -> None:
         child = node.get(part)
         if child is None:
             child = node[part] = {}
-        elif isinstance(child, str) and depth == 0 and part in ("strategy", "expect"):
-            child = node[part] = {"name" if part == "strategy" else "outcome": child}
+        elif isinstance(child, str) and depth == 0 and part in SHORT_FORMS:
+            child = node[part] = {SHORT_FORMS[part]: child}
         if not isinstance(child, dict):
             raise ScenarioError(source, f"matrix.{key_path}", f"{'.'.join(parts[:depth + 1])} is not a mapping", child)
         node = child
@@ -218,13 +245,13 @@ class _Validator:
                 raise self.error(_join(key, str(k)), "unknown key", k, allowed)
         return dict(value)
 
-    def required(self, key: str, value: Any) -> Any:
+    def required(self, key: str, value: Any, allowed: Any = None) -> Any:
         if value is None:
-            raise self.error(key, "missing required key")
+            raise self.error(key, "missing required key", None, allowed)
         return value
 
-    def string(self, key: str, value: Any) -> str:
-        value = self.required(key, value)
+    def string(self, key: str, value: Any, allowed: Any = None) -> str:
+        value = self.required(key, value, allowed)
         if not isinstance(value, str) or not value.strip():
             raise self.error(key, "must be a non-empty string", value)
         return value
@@ -238,12 +265,29 @@ class _Validator:
         return value
 
     def number(self, key: str, value: Any, low: float) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > low:
-            raise self.error(key, f"must be a number > {low}", value)
-        return float(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.error(key, f"must be a finite number > {low}", value)
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not low < number < math.inf:  # also rejects nan; timedelta(seconds=inf) fails in the ranks
+            raise self.error(key, f"must be a finite number > {low}", value)
+        return number
+
+    def plain(self, key: str, value: Any) -> Any:
+        """Options travel to the rank processes as JSON: they must come back from it unchanged."""
+        try:
+            same = json.loads(json.dumps(value)) == value
+        except (TypeError, ValueError, RecursionError):
+            same = False
+        if not same:
+            raise self.error(key, "must hold only JSON values (strings, numbers, booleans, null, lists, "
+                                  "mappings with string keys)", value)
+        return value
 
     def choice(self, key: str, value: Any, allowed: tuple[str, ...]) -> str:
-        value = self.required(key, value)
+        value = self.required(key, value, allowed)
         if value not in allowed:
             raise self.error(key, "not one of the allowed values", value, allowed)
         return value
@@ -254,11 +298,15 @@ class _Validator:
         return value
 
     def plugin(self, kind: str, key: str, name: Any) -> type:
-        name = self.string(key, name)
+        allowed = list(plugins.TABLES[kind]) + ["package.module:Class"]
+        name = self.string(key, name, allowed)
         try:
             return plugins.resolve(kind, name)
         except PluginError as exc:
-            raise self.error(key, str(exc), name, list(plugins.TABLES[kind]) + ["package.module:Class"]) from None
+            raise self.error(key, str(exc), name, allowed) from None
+        except Exception as exc:  # the module exists but raised while being imported
+            raise self.error(key, f"importing {kind} {name!r} raised {type(exc).__name__}: {exc}",
+                             name, allowed) from exc
 
     # -- sections ---------------------------------------------------------------------------------
     def strategy(self, value: Any) -> StrategySpec:
@@ -269,7 +317,7 @@ class _Validator:
         else:
             name, options, key = value, {}, "strategy"
         cls = self.plugin("strategy", key, name)
-        options = self.mapping("strategy.options", options, tuple(cls.options))
+        options = self.plain("strategy.options", self.mapping("strategy.options", options, tuple(cls.options)))
         return StrategySpec(name=name, options=options)
 
     def workload(self, value: Any) -> WorkloadSpec:
@@ -290,7 +338,9 @@ class _Validator:
             raise self.error("workload.size", "must be a parameter size of at least 1KiB", doc.get("size"),
                              "bytes as an integer, or a number with KiB, MiB, GiB (KB, MB, GB)")
         rank_rng = self.choice("workload.rank_rng", doc.get("rank_rng", "same"), RANK_RNG)
-        options = self.mapping("workload.options", doc.get("options", {}), tuple(doc.get("options", {}) or ()))
+        options = doc.get("options", {})
+        options = self.plain("workload.options", self.mapping(
+            "workload.options", options, tuple(options) if isinstance(options, dict) else ()))
         return WorkloadSpec(model=model, world_size=world_size, steps=steps, checkpoint_every=every, seed=seed,
                             global_batch=global_batch, size_bytes=size, rank_rng=rank_rng, options=options)
 
@@ -349,8 +399,9 @@ class _Validator:
             mapping = tuple(range(world_size))
         elif rank_map == "reverse":
             mapping = tuple(reversed(range(world_size)))
-        elif isinstance(rank_map, list) and sorted(rank_map) == list(range(world_size)) and all(
-                isinstance(r, int) and not isinstance(r, bool) for r in rank_map):
+        elif isinstance(rank_map, list) and all(
+                isinstance(r, int) and not isinstance(r, bool) for r in rank_map) and sorted(rank_map) == list(
+                range(world_size)):
             mapping = tuple(rank_map)
         else:
             raise self.error("restart.rank_map", "must be identity, reverse, or a permutation of the restart's ranks",

@@ -88,15 +88,27 @@ class DiskFull(Fault):
     # -- rank side --------------------------------------------------------------------------------
     def at(self, phase: str, step: int) -> None:
         if self.in_trigger_window() and self.spec.params["via"] == "tmpfs":
-            stats = os.statvfs(self.env.checkpoint_dir)
-            free = stats.f_bavail * stats.f_frsize
-            ballast = max(0, free - self.budget)
-            fd = os.open(self.env.checkpoint_dir / BALLAST_NAME, os.O_CREAT | os.O_WRONLY, 0o644)
-            try:
-                os.posix_fallocate(fd, 0, ballast)
-            finally:
-                os.close(fd)
-            self.fired(point="start", ballast_bytes=ballast, free_bytes=self.budget)
+            self.fired(point="start", free_bytes=self.budget)
+            self._fill(self.env.checkpoint_dir / BALLAST_NAME)
+
+    def _fill(self, ballast: "os.PathLike[str]") -> None:
+        """Grow the ballast until ``budget`` bytes are left. Other ranks write meanwhile, so the free
+        space can shrink under us: on ENOSPC, measure again and try again."""
+        fd = os.open(ballast, os.O_CREAT | os.O_WRONLY, 0o644)
+        try:
+            for _ in range(20):
+                stats = os.fstatvfs(fd)
+                extra = stats.f_bavail * stats.f_frsize - self.budget
+                if extra <= 0:
+                    return
+                try:
+                    os.posix_fallocate(fd, os.fstat(fd).st_size, extra)
+                    return
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+        finally:
+            os.close(fd)
 
     def _counting(self, file: InterceptedFile) -> bool:
         """Quota mode, on the trigger rank, from the triggering save on, for matching files."""

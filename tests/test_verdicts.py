@@ -1,0 +1,64 @@
+"""The checker can fail: broken strategies written against the public contract must be caught
+(SILENT or LOUD, never RECOVERED), and a correct one must recover. Real ranks, real files."""
+from __future__ import annotations
+
+import pytest
+
+from resilience.outcome import judge_case
+from resilience.scenario import VerdictKind
+
+from .harness_helpers import run_case
+
+S = "tests.strategies_under_test:"
+KILL_RANK1_TORN = {"kind": "kill", "rank": 1, "step": 8, "point": "write", "file": "*_rank_1.pt", "after_bytes": 4096}
+KILL_IN_TRAINING = {"kind": "kill", "rank": 1, "step": 6, "phase": "train"}
+
+
+@pytest.mark.parametrize("strategy, fault, workload, expected, evidence", [
+    ("ForgetsOptimizer", KILL_IN_TRAINING, {}, VerdictKind.SILENT, "optimizer.state"),
+    ("RankZeroFileEverywhere", KILL_IN_TRAINING, {"rank_rng": "distinct"}, VerdictKind.SILENT, "rank 1: state"),
+    ("IgnoresTornSave", KILL_RANK1_TORN, {}, VerdictKind.SILENT, "lost checkpoint"),
+    ("LoadsOldest", KILL_IN_TRAINING, {"steps": 12}, VerdictKind.SILENT, "lost checkpoint"),
+    ("SaveConsumesRandomness", {"kind": "none"}, {}, VerdictKind.SILENT, "first run"),
+])
+def test_broken_strategy_is_caught(tmp_path, strategy, fault, workload, expected, evidence):
+    result = run_case(tmp_path, strategy=S + strategy, fault=fault, workload=workload)
+    assert result.verdict.kind is expected, result.verdict.findings
+    assert any(evidence in finding for finding in result.verdict.findings), result.verdict.findings
+    assert judge_case(result).status == "failed"  # the scenario expected recovers
+
+
+def test_silent_report_names_first_diverging_step(tmp_path):
+    result = run_case(tmp_path, strategy=S + "ForgetsOptimizer", fault=KILL_IN_TRAINING)
+    divergence = result.verdict.divergence
+    assert divergence is not None and divergence.step == 5  # first step after the step-4 restore
+    assert divergence.expected != divergence.got
+
+
+def test_correct_user_strategy_recovers_past_a_torn_checkpoint(tmp_path):
+    result = run_case(tmp_path, strategy=S + "AtomicFallbackSave", fault=KILL_RANK1_TORN)
+    assert result.fault_fired
+    assert result.verdict.kind is VerdictKind.RECOVERED, result.verdict.findings
+    assert result.verdict.restored_step == 4 == result.verdict.complete_step
+
+
+def test_torn_file_without_fallback_is_loud(tmp_path):
+    result = run_case(tmp_path, fault=KILL_RANK1_TORN, expect={"outcome": "fails_loudly"})
+    assert result.verdict.kind is VerdictKind.LOUD
+    assert result.verdict.first_error.rank == 1 and result.verdict.first_error.phase == "restart"
+    assert "central directory" in result.verdict.first_error.message
+
+
+def test_stalled_restore_is_a_hang_with_stacks(tmp_path):
+    result = run_case(tmp_path, strategy=S + "StallsOnLoad", timeouts={"phase": 25, "collective": 120})
+    assert result.verdict.kind is VerdictKind.HANG
+    assert result.verdict.hung_phase == "restart"
+    restart = result.phases[-1]
+    assert "time.sleep" in restart.ranks[1].stderr_tail or "StallsOnLoad" in restart.ranks[1].stderr_tail
+
+
+def test_loud_error_is_the_first_one_not_the_peers_consequence(tmp_path):
+    """Rank 1 raises on restore; rank 0 then fails at the barrier. The evidence is rank 1's error."""
+    result = run_case(tmp_path, fault=KILL_RANK1_TORN, expect="fails_loudly")
+    assert result.verdict.first_error.rank == 1
+    assert "Connection closed" not in result.verdict.first_error.message
