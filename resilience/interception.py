@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import io
 import os
+import weakref
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
@@ -108,7 +109,9 @@ class Interceptor:
     def __init__(self, root: Path, listeners: Sequence[IOListener]):
         self.root = Path(os.path.abspath(root))
         self.listeners = list(listeners)
-        self.open_files: dict[int, InterceptedFile] = {}
+        # Weak: a file dropped without close() must be collected, flushed and closed as it would be
+        # without interception (``json.dump(x, open(p, 'w'))``), not kept open and unflushed.
+        self.open_files: weakref.WeakValueDictionary[int, InterceptedFile] = weakref.WeakValueDictionary()
         self._saved: list[tuple[Any, str, Any]] = []
 
     def relative(self, file: Any) -> str | None:

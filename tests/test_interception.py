@@ -1,9 +1,10 @@
 """The interception layer and the faults that act through it, on real files and real processes.
 
 Kill cases run in a forked child (the test process already has torch imported, so a fork costs
-milliseconds where a fresh interpreter costs seconds to import torch); the child installs the interceptor, arms a
-real `Kill` and saves, and the parent checks how it died and what it left on disk. DiskFull raises
-instead of killing, so it runs in-process, with the patches removed by a fixture afterwards.
+milliseconds where a fresh interpreter spends seconds importing torch); the child installs the
+interceptor, arms a real `Kill` and saves, and the parent checks how it died and what it left on
+disk. DiskFull raises instead of killing, so it runs in-process, with the patches removed by a
+fixture afterwards.
 """
 from __future__ import annotations
 
@@ -461,6 +462,16 @@ def test_file_names_starting_with_two_dots_are_inside_the_root(root, install):
     assert interceptor.relative(root) is None
     with open(root / "..x.pt", "wb") as f:
         assert isinstance(f, InterceptedFile)
+
+
+def test_a_file_dropped_without_close_is_flushed_and_closed_as_usual(root, install):
+    """`json.dump(x, open(p, "w"))` relies on the file object being collected, flushed and closed at
+    once. The interceptor must not keep it alive: its bytes would sit in a buffer, absent from disk
+    (and lost for good if a kill came later), and its descriptor would leak."""
+    interceptor = install(root, [Recorder()])
+    json.dump({"step": 8}, open(root / "meta.json", "w"))
+    assert json.loads((root / "meta.json").read_text()) == {"step": 8}
+    assert len(interceptor.open_files) == 0
 
 
 def test_hooks_see_exact_offsets_in_order(root, install):

@@ -17,8 +17,8 @@ KILL_IN_TRAINING = {"kind": "kill", "rank": 1, "step": 6, "phase": "train"}
 @pytest.mark.parametrize("strategy, fault, workload, expected, evidence", [
     ("ForgetsOptimizer", KILL_IN_TRAINING, {}, VerdictKind.SILENT, "optimizer.state"),
     ("RankZeroFileEverywhere", KILL_IN_TRAINING, {"rank_rng": "distinct"}, VerdictKind.SILENT, "rank 1: state"),
-    ("IgnoresTornSave", KILL_RANK1_TORN, {}, VerdictKind.SILENT, "lost checkpoint"),
-    ("LoadsOldest", KILL_IN_TRAINING, {"steps": 12}, VerdictKind.SILENT, "lost checkpoint"),
+    ("IgnoresTornSave", KILL_RANK1_TORN, {}, VerdictKind.SILENT, "ranks restored different steps"),
+    ("LoadsOldest", {**KILL_IN_TRAINING, "step": 10}, {"steps": 12}, VerdictKind.SILENT, "lost checkpoint"),
     ("SaveConsumesRandomness", {"kind": "none"}, {}, VerdictKind.SILENT, "first run"),
 ])
 def test_broken_strategy_is_caught(tmp_path, strategy, fault, workload, expected, evidence):
@@ -31,12 +31,14 @@ def test_broken_strategy_is_caught(tmp_path, strategy, fault, workload, expected
 def test_silent_report_names_first_diverging_step(tmp_path):
     result = run_case(tmp_path, strategy=S + "ForgetsOptimizer", fault=KILL_IN_TRAINING)
     divergence = result.verdict.divergence
-    assert divergence is not None and divergence.step == 5  # first step after the step-4 restore
+    # Step 5's loss comes before step 5's update (restored weights, right); the cold moments show at 6.
+    assert divergence is not None and divergence.step == 6
     assert divergence.expected != divergence.got
 
 
 def test_correct_user_strategy_recovers_past_a_torn_checkpoint(tmp_path):
-    result = run_case(tmp_path, strategy=S + "AtomicFallbackSave", fault=KILL_RANK1_TORN)
+    torn_temp_file = {**KILL_RANK1_TORN, "file": "*/ckpt_rank_1.tmp"}
+    result = run_case(tmp_path, strategy=S + "AtomicFallbackSave", fault=torn_temp_file)
     assert result.fault_fired
     assert result.verdict.kind is VerdictKind.RECOVERED, result.verdict.findings
     assert result.verdict.restored_step == 4 == result.verdict.complete_step
@@ -54,7 +56,7 @@ def test_stalled_restore_is_a_hang_with_stacks(tmp_path):
     assert result.verdict.kind is VerdictKind.HANG
     assert result.verdict.hung_phase == "restart"
     restart = result.phases[-1]
-    assert "time.sleep" in restart.ranks[1].stderr_tail or "StallsOnLoad" in restart.ranks[1].stderr_tail
+    assert "strategies_under_test.py" in restart.ranks[1].stderr_tail  # its stack, dumped by faulthandler
 
 
 def test_loud_error_is_the_first_one_not_the_peers_consequence(tmp_path):
