@@ -30,7 +30,7 @@ class EventLog:
         self._file = open(path, "a", buffering=1, encoding="utf-8")
 
     def emit(self, event: str, **fields: Any) -> None:
-        record = {"event": event, "rank": self.rank, "time": time.time(), **fields}
+        record = {"event": event, "rank": self.rank, "pid": os.getpid(), "time": time.time(), **fields}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 

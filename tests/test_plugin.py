@@ -1,0 +1,92 @@
+"""The pytest plugin end to end, in a separate pytest run (pytester): collection, bad files,
+selection, xdist, JUnit XML, and that a run leaves no rank process or work directory behind."""
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+
+# In-process pytester runs drop modules first imported inside them; torch cannot be imported twice
+# in one process, so everything that imports it is imported here, before any inner run.
+import resilience.strategies.torch_native  # noqa: F401
+import resilience.workload  # noqa: F401
+
+pytest_plugins = ["pytester"]
+
+FAST_CASE = textwrap.dedent("""\
+    name: fast no-fault case
+    description: one rank, two steps, for plugin tests
+    strategy: torch.rank0
+    workload: {world_size: 1, steps: 2, checkpoint_every: 1, global_batch: 4}
+    expect: recovers
+    matrix:
+      strategy: [torch.rank0, torch.per_rank]
+    """)
+BAD_CASE = textwrap.dedent("""\
+    name: bad
+    description: fault rank out of range
+    strategy: torch.rank0
+    workload: {world_size: 2, steps: 4, checkpoint_every: 2}
+    fault: {kind: kill, rank: 5, step: 2, point: start}
+    expect: recovers
+    """)
+
+
+@pytest.fixture
+def suite(pytester):
+    pytester.makefile(".scenario.yaml", fast=FAST_CASE)
+    pytester.makefile(".yaml", ds_config="train_batch_size: 8\nzero_optimization: {stage: 2}\n")
+    return pytester
+
+
+def test_only_scenario_files_are_collected(suite):
+    result = suite.runpytest("--collect-only", "-q", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["fast.scenario.yaml::strategy=torch.rank0",
+                                 "fast.scenario.yaml::strategy=torch.per_rank", "*2 tests collected*"])
+    assert "ds_config" not in result.stdout.str()
+
+
+def test_markers_select_by_strategy_and_fault(suite):
+    result = suite.runpytest("--collect-only", "-q", "-m", "strategy_torch_per_rank and fault_none")
+    result.stdout.fnmatch_lines(["fast.scenario.yaml::strategy=torch.per_rank", "*1/2 tests collected*"])
+
+
+def test_bad_file_is_a_collection_error_and_the_rest_still_runs(suite, tmp_path):
+    suite.makefile(".scenario.yaml", bad=BAD_CASE)
+    work = tmp_path / "work"
+    result = suite.runpytest("-p", "no:cacheprovider", f"--junitxml={tmp_path / 'out.xml'}",
+                             f"--resilience-workdir={work}")
+    output = result.stdout.str()
+    assert "bad.scenario.yaml: fault.rank" in output and "got 5" in output and "allowed: 0..1" in output
+    assert "Traceback" not in output
+    result.assert_outcomes(passed=2, errors=1)
+    assert result.ret == 1
+    xml = (tmp_path / "out.xml").read_text()
+    assert xml.count("<testcase") >= 2 and 'name="strategy=torch.rank0"' in xml
+    assert not any(work.iterdir()), "case work directories must be removed"
+
+
+def test_runs_under_xdist(suite):
+    result = suite.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+
+
+def test_failed_case_reports_verdict_and_replay(pytester):
+    pytester.makefile(".scenario.yaml", wrong=FAST_CASE.replace("expect: recovers", "expect: fails_loudly")
+                      .replace("matrix:\n  strategy: [torch.rank0, torch.per_rank]\n", ""))
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*verdict: RECOVERED   expected: LOUD*", "*replay: python -m resilience run*"])
+
+
+def test_no_rank_process_survives_a_case(tmp_path):
+    from .harness_helpers import run_case
+
+    result = run_case(tmp_path, keep=True, workload={"world_size": 2, "steps": 4, "checkpoint_every": 2},
+                      fault={"kind": "kill", "rank": 1, "step": 4, "point": "write", "file": "*_rank_1.pt",
+                             "after_bytes": 100})
+    pids = {e["pid"] for phase in result.phases for r in phase.ranks for e in r.events if "pid" in e}
+    assert len(pids) >= 6  # 2 ranks x (reference, first run, restart)
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}"), f"rank process {pid} outlived its case"
