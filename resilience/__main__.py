@@ -2,4 +2,5 @@ import sys
 
 from .cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # multiprocessing re-imports the main module in forked ranks
+    sys.exit(main())

@@ -5,10 +5,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from .backend import BACKENDS, DEFAULT_BACKEND
 from .errors import ResilienceError
 from .harness import Harness
 from .loader import is_scenario_file, load_file
 from .outcome import judge_case
+from .reference_cache import ReferenceCache, default_cache_dir
 from .report import render, verdict_line
 
 
@@ -31,9 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--case", help="run only the case with this id (as printed in reports)")
     run.add_argument("--keep", action="store_true", help="keep each case's work directory")
     run.add_argument("--workdir", type=Path, help="where case work directories go")
+    run.add_argument("--backend", choices=sorted(BACKENDS), default=DEFAULT_BACKEND,
+                     help="how rank processes are started")
+    run.add_argument("--cache", type=Path, default=None,
+                     help="reference-run cache directory (default: $RESILIENCE_CACHE or ~/.cache/resilience)")
+    run.add_argument("--no-cache", action="store_true", help="run the reference in every case")
     args = parser.parse_args(argv)
 
-    harness = Harness(work_root=args.workdir, keep=args.keep)
+    cache = None if args.no_cache else ReferenceCache(args.cache or default_cache_dir())
+    harness = Harness(backend=BACKENDS[args.backend](), work_root=args.workdir, keep=args.keep, cache=cache)
     failures = 0
     for path in _scenario_files(args.paths):
         try:

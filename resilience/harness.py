@@ -11,14 +11,15 @@ import shutil
 import signal
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import plugins
-from .backend import BACKENDS, ProcessBackend
+from .backend import BACKENDS, DEFAULT_BACKEND, ProcessBackend
 from .errors import HarnessError
 from .faults.base import CaseEnvironment
 from .phases import CONTINUATION, FIRST_RUN, REFERENCE, RESTART, PhasePlan
+from .reference_cache import ReferenceCache, reference_key
 from .scenario import Case
 from .verify import Verdict, judge
 
@@ -87,9 +88,13 @@ class CaseResult:
 
 
 class Harness:
-    def __init__(self, backend: ProcessBackend | None = None, work_root: Path | None = None, keep: bool = False):
-        self.backend = backend or BACKENDS["spawn"]()
-        self.work_root, self.keep = work_root, keep
+    """Runs cases. ``cache``: a `ReferenceCache` to share reference runs across cases (None: run
+    the reference in every case)."""
+
+    def __init__(self, backend: ProcessBackend | None = None, work_root: Path | None = None, keep: bool = False,
+                 cache: ReferenceCache | None = None):
+        self.backend = backend or BACKENDS[DEFAULT_BACKEND]()
+        self.work_root, self.keep, self.cache = work_root, keep, cache
 
     def run(self, case: Case) -> CaseResult:
         if self.work_root is not None:
@@ -106,15 +111,8 @@ class Harness:
         checkpoint_dir.mkdir()
         case_file = work_dir / "case.json"
         case_file.write_text(json.dumps({"source": case.source, "id": case.id, "document": case.document}))
-        snapshots = work_dir / "reference-snapshots" if case.topology_changes else None
         plan = _Planner(case, work_dir, case_file, checkpoint_dir)
-
-        reference = self._phase(plan.make(REFERENCE, case.workload.world_size, "fresh", record_states=True,
-                                          snapshot_dir=snapshots), case)
-        if reference.status != "completed":
-            raise HarnessError(f"the uninterrupted reference run did not complete ({reference.status}): "
-                               f"{reference.first_error.summary() if reference.first_error else ''}\n"
-                               + _tails(reference))
+        reference, snapshots = self._reference(case, plan)
         fault = plugins.resolve("fault", case.fault.kind)(case.fault)
         env = CaseEnvironment(case=case, case_dir=work_dir, checkpoint_dir=checkpoint_dir)
         phases = [reference]
@@ -136,6 +134,28 @@ class Harness:
             fault.teardown(env)
         verdict = judge(case, *phases)
         return CaseResult(case=case, verdict=verdict, phases=tuple(phases), work_dir=work_dir)
+
+    def _reference(self, case: Case, plan: "_Planner") -> tuple[PhaseResult, Path | None]:
+        """The reference phase and its snapshot directory (only kept when the topology changes)."""
+        keep_snapshots = case.topology_changes
+
+        def run_into(directory: Path) -> PhaseResult:
+            result = self._phase(plan.make(REFERENCE, case.workload.world_size, "fresh", record_states=True,
+                                           snapshot_dir=directory / "snapshots" if keep_snapshots else None,
+                                           phase_dir=directory / REFERENCE), case)
+            if result.status != "completed":
+                raise HarnessError(f"the uninterrupted reference run did not complete ({result.status}): "
+                                   f"{result.first_error.summary() if result.first_error else ''}\n"
+                                   + _tails(result))
+            return result
+
+        if self.cache is None:
+            return run_into(plan.work_dir), plan.work_dir / "snapshots" if keep_snapshots else None
+        entry = self.cache.entry(reference_key(case, keep_snapshots), run_into)
+        stored = PhasePlan.read(entry / REFERENCE / "plan.json")
+        stored = replace(stored, phase_dir=str(entry / REFERENCE))
+        result = _collect(stored, "completed", [0] * stored.world_size, 0.0)
+        return result, entry / "snapshots" if keep_snapshots else None
 
     def _phase(self, plan: PhasePlan, case: Case) -> PhaseResult:
         phase_dir = Path(plan.phase_dir)
@@ -185,8 +205,8 @@ class _Planner:
 
     def make(self, name: str, world_size: int, start: str, *, save: bool = False, inject: bool = False,
              record_states: bool = False, snapshot_dir: Path | None = None, snapshot_step: int | None = None,
-             rank_map: tuple[int, ...] | None = None) -> PhasePlan:
-        phase_dir = self.work_dir / name
+             rank_map: tuple[int, ...] | None = None, phase_dir: Path | None = None) -> PhasePlan:
+        phase_dir = phase_dir or self.work_dir / name
         return PhasePlan(
             name=name, case_file=str(self.case_file), world_size=world_size,
             store_path=str(phase_dir / "store"), checkpoint_dir=str(self.checkpoint_dir),
@@ -194,7 +214,7 @@ class _Planner:
             inject=inject, record_states=record_states,
             snapshot_dir=str(snapshot_dir) if snapshot_dir else None, snapshot_step=snapshot_step,
             rank_map=rank_map or tuple(range(world_size)),
-            collective_timeout_s=self.case.timeouts.collective_s, harness_pid=os.getpid())
+            collective_timeout_s=self.case.timeouts.collective_s)
 
 
 def _collect(plan: PhasePlan, status: str, codes: list[int | None], elapsed: float) -> PhaseResult:

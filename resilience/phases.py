@@ -24,7 +24,6 @@ class PhasePlan:
     snapshot_step: int | None  # continuation: the step to start from
     rank_map: tuple[int, ...]
     collective_timeout_s: float
-    harness_pid: int
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=1))

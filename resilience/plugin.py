@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from .backend import BACKENDS
+from .backend import BACKENDS, DEFAULT_BACKEND
 from .errors import HarnessError, ScenarioError
 from .faults.base import FaultUnavailable
 from .harness import CaseResult, Harness
 from .loader import is_scenario_file, load_file
 from .outcome import judge_case
+from .reference_cache import ReferenceCache, default_cache_dir
 from .report import render
 from .scenario import Case
 
@@ -25,8 +26,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("resilience", "fault-injection checkpoint scenarios")
     group.addoption("--resilience-keep", action="store_true", help="keep each case's work directory")
     group.addoption("--resilience-workdir", type=Path, default=None, help="where case work directories go")
-    group.addoption("--resilience-backend", default="spawn", choices=sorted(BACKENDS),
-                    help="how rank processes are started")
+    group.addoption("--resilience-backend", default=DEFAULT_BACKEND, choices=sorted(BACKENDS),
+                    help="how rank processes are started: fork (from a server with torch preloaded) "
+                         "or spawn (a fresh interpreter per rank)")
+    group.addoption("--resilience-cache", type=Path, default=None,
+                    help="reference-run cache directory (default: $RESILIENCE_CACHE or ~/.cache/resilience)")
+    group.addoption("--resilience-no-cache", action="store_true", help="run the reference in every case")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -87,8 +92,10 @@ class ScenarioItem(pytest.Item):
 
     def runtest(self) -> None:
         options = self.config.option
-        harness = Harness(backend=BACKENDS[options.resilience_backend](),
-                          work_root=options.resilience_workdir, keep=options.resilience_keep)
+        cache = None if options.resilience_no_cache else ReferenceCache(
+            options.resilience_cache or default_cache_dir())
+        harness = Harness(backend=BACKENDS[options.resilience_backend](), work_root=options.resilience_workdir,
+                          keep=options.resilience_keep, cache=cache)
         try:
             self.result = harness.run(self.case)
         except FaultUnavailable as exc:

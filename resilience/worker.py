@@ -9,6 +9,7 @@ import ctypes
 import faulthandler
 import json
 import os
+import resource
 import signal
 import sys
 import time
@@ -35,13 +36,14 @@ class EventLog:
         self._file.flush()
 
 
-def _die_with_harness(harness_pid: int) -> None:
-    """Ask the kernel to SIGKILL this rank if the harness dies, so no rank outlives it."""
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this rank when its parent (the harness, or the forkserver, which
+    itself exits with the harness) dies, so no rank outlives the run."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
-    if os.getppid() != harness_pid:
+    if os.getppid() == 1:  # the parent died before the request took effect
         os._exit(3)
 
 
@@ -116,7 +118,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
             clock.phase = "idle"
             events.emit("save_returned", step=step)
     dist.barrier()
-    events.emit("done", step=workload.step)
+    events.emit("done", step=workload.step, peak_rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     dist.destroy_process_group()
 
 
@@ -135,7 +137,7 @@ def exception_chain(exc: BaseException) -> list[str]:
 def main(argv: list[str]) -> int:
     plan = PhasePlan.read(Path(argv[1]))
     rank = int(argv[2])
-    _die_with_harness(plan.harness_pid)
+    _die_with_parent()
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     events = EventLog(plan.events_path(rank), rank)
     try:

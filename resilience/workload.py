@@ -87,7 +87,6 @@ class MLPWorkload(Workload):
     rank 0's stream changes the losses.
     """
 
-    rank_local_keys = ("rng",)
     input_dim = 32
     dataset_size = 512
     noise_scale = 0.05
@@ -112,6 +111,8 @@ class MLPWorkload(Workload):
         self.targets = torch.tanh(self.inputs @ teacher)
         stream_seed = spec.seed + 2 + (rank + 1) * 7919 if spec.rank_rng == "distinct" else spec.seed + 2
         self.rng = torch.Generator().manual_seed(stream_seed)
+        # with one stream shared by all ranks, the stream is replicated state like the model
+        self.rank_local_keys = ("rng",) if spec.rank_rng == "distinct" else ()
         self._step = 0
         self.epoch, self.position = 0, 0
         self._permutation = self._epoch_permutation(0)

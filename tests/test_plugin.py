@@ -33,6 +33,11 @@ BAD_CASE = textwrap.dedent("""\
     """)
 
 
+@pytest.fixture(autouse=True)
+def private_reference_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RESILIENCE_CACHE", str(tmp_path / "reference-cache"))
+
+
 @pytest.fixture
 def suite(pytester):
     pytester.makefile(".scenario.yaml", fast=FAST_CASE)

@@ -1,0 +1,160 @@
+"""Speed of the harness, as ratios measured side by side in one run (never absolute times).
+
+    python benchmarks/bench.py            # everything (several minutes on 2 cores)
+    python benchmarks/bench.py --quick    # fewer repetitions
+
+(a) one 2-rank no-fault case end to end (fork backend, warm server, cached reference) vs one cold
+    `torchrun --standalone` launch of the same 2-rank training; goal <= 0.5
+(b) a 512 MiB torch.save through the interception layer (no fault armed) vs torch.save to a plain
+    path: throughput ratio, goal >= 0.9
+(c) randomly drawn kill cases ("fuzz examples") per minute: fork backend vs spawn backend
+(d) the shipped scenario suite with -n 2 vs serial
+plus peak memory of the harness and of the ranks, and harness memory / open files across many
+cases in one process (no growth means no leak).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from resilience.backend import BACKENDS  # noqa: E402
+from resilience.harness import Harness  # noqa: E402
+from resilience.loader import load_document, load_file  # noqa: E402
+from resilience.reference_cache import ReferenceCache  # noqa: E402
+
+NO_FAULT = ROOT / "scenarios" / "no_fault.scenario.yaml"
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def rss_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def bench_case_vs_torchrun(harness: Harness, repeats: int) -> tuple[float, list]:
+    case = load_file(NO_FAULT).cases[0]
+    harness.run(case)  # warm the forkserver and the reference cache
+    env = dict(os.environ, BENCH_SCENARIO=str(NO_FAULT), OMP_NUM_THREADS="1")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                str(ROOT / "benchmarks" / "torchrun_train.py")]
+    ratios, results = [], []
+    for _ in range(repeats):
+        result = []
+        case_s = timed(lambda: result.append(harness.run(case)))
+        cold_s = timed(lambda: subprocess.run(torchrun, env=env, check=True, capture_output=True))
+        ratios.append(case_s / cold_s)
+        results.append(result[0])
+    return statistics.median(ratios), results
+
+
+def bench_interception(repeats: int, size_mib: int) -> float:
+    import torch
+
+    from resilience.interception import Interceptor
+
+    state = {f"t{i}": torch.randn(size_mib * (1 << 20) // 4 // 8) for i in range(8)}
+    ratios = []
+    with tempfile.TemporaryDirectory(prefix="resilience-bench-") as tmp:
+        plain, root = Path(tmp) / "plain.pt", Path(tmp) / "intercepted"
+        root.mkdir()
+        for _ in range(repeats):
+            plain_s = timed(lambda: torch.save(state, plain))
+            interceptor = Interceptor(root, [])
+            interceptor.install()
+            try:
+                intercepted_s = timed(lambda: torch.save(state, root / "x.pt"))
+            finally:
+                interceptor.uninstall()
+            ratios.append(plain_s / intercepted_s)  # throughput ratio: intercepted / plain
+            plain.unlink()
+            (root / "x.pt").unlink()
+    return statistics.median(ratios)
+
+
+def random_kill_case(rng: random.Random):
+    rank = rng.randrange(2)
+    point = rng.choice(["start", "open", "write", "close"])
+    fault = {"kind": "kill", "rank": rank, "step": rng.choice([4, 8]), "point": point}
+    if point != "start":
+        fault["file"] = f"*_rank_{rank}.pt"
+    if point == "write":
+        fault["after_bytes"] = rng.randrange(1, 200_000)
+    document = {"name": "fuzz example", "description": "drawn at random", "strategy": "torch.per_rank",
+                "workload": {"world_size": 2, "steps": 8, "checkpoint_every": 4},
+                "fault": fault, "expect": "recovers"}
+    return load_document(document, "benchmark").cases[0]
+
+
+def examples_per_minute(harness: Harness, examples: int, seed: int) -> float:
+    rng = random.Random(seed)
+    cases = [random_kill_case(rng) for _ in range(examples)]
+    harness.run(cases[0])  # warm-up, not counted
+    elapsed = timed(lambda: [harness.run(c) for c in cases])
+    return examples / elapsed * 60
+
+
+def suite_seconds(extra: list[str], cache: Path) -> float:
+    command = [sys.executable, "-m", "pytest", str(ROOT / "scenarios"), "-q", "-p", "no:cacheprovider",
+               f"--resilience-cache={cache}", *extra]
+    return timed(lambda: subprocess.run(command, cwd=ROOT, capture_output=True))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    repeats = 2 if args.quick else 4
+    with tempfile.TemporaryDirectory(prefix="resilience-bench-cache-") as cache_dir:
+        cache = ReferenceCache(Path(cache_dir))
+        fork = Harness(backend=BACKENDS["fork"](), cache=cache)
+        spawn = Harness(backend=BACKENDS["spawn"](), cache=cache)
+
+        ratio_a, results = bench_case_vs_torchrun(fork, repeats)
+        print(f"(a) 2-rank no-fault case end to end / cold torchrun of the same training: {ratio_a:.2f} "
+              f"(goal <= 0.5; median of {repeats})", flush=True)
+        ratio_b = bench_interception(repeats + 1, 512)
+        print(f"(b) 512 MiB torch.save throughput, interception layer / plain path: {ratio_b:.2f} "
+              f"(goal >= 0.9; median of {repeats + 1})", flush=True)
+        examples = 3 if args.quick else 6
+        fast, slow = examples_per_minute(fork, examples, 1), examples_per_minute(spawn, examples, 1)
+        print(f"(c) fuzz examples per minute, fork / spawn backend: {fast / slow:.1f}x "
+              f"({fast:.0f} vs {slow:.0f} per minute, {examples} examples each)", flush=True)
+        serial = suite_seconds([], Path(cache_dir))
+        parallel = suite_seconds(["-n", "2"], Path(cache_dir))
+        print(f"(d) shipped suite wall time, -n 2 / serial: {parallel / serial:.2f}", flush=True)
+
+        rank_peaks = [e["peak_rss_kib"] for r in results for p in r.phases for rec in p.ranks
+                      for e in rec.events if e["event"] == "done"]
+        print(f"peak memory: harness {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB, "
+              f"largest rank {max(rank_peaks) / 1024:.0f} MiB", flush=True)
+        case = load_file(NO_FAULT).cases[0]
+        samples = []
+        for index in range(1, 21):
+            fork.run(case)
+            if index in (1, 10, 20):
+                samples.append((index, rss_kib() / 1024, len(os.listdir("/proc/self/fd"))))
+        print("harness after N cases (N, RSS MiB, open fds): "
+              + ", ".join(f"({n}, {m:.0f}, {f})" for n, m, f in samples), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

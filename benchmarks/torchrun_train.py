@@ -1,0 +1,29 @@
+"""The training a 2-rank no-fault case does, launched cold under torchrun (the benchmark's baseline).
+
+    torchrun --standalone --nproc-per-node 2 benchmarks/torchrun_train.py
+"""
+import os
+from datetime import timedelta
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from resilience.loader import load_file  # noqa: E402
+from resilience.workload import MLPWorkload  # noqa: E402
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    case = load_file(os.environ["BENCH_SCENARIO"]).cases[0]
+    workload = MLPWorkload(case.workload, dist.get_rank(), dist.get_world_size())
+    while workload.step < case.workload.steps:
+        workload.train_step()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""The uninterrupted reference run, computed once per distinct workload and topology.
+
+Entries live in a cache directory shared by every case and every pytest-xdist worker; a lock file
+per key makes concurrent misses run the reference once. The key covers the workload spec, the world
+size, whether trusted snapshots are kept, the collective timeout, the torch version and the source
+of the modules that define the run, so editing the workload invalidates its entries.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import inspect
+import json
+import os
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+from . import plugins
+from .scenario import Case
+
+FORMAT_VERSION = 1
+COMPLETE_MARKER = "complete"
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get("RESILIENCE_CACHE"):
+        return Path(os.environ["RESILIENCE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "resilience" / "references"
+
+
+def reference_key(case: Case, with_snapshots: bool) -> str:
+    import torch
+
+    from . import worker, workload
+
+    sources = {inspect.getsourcefile(m) for m in (worker, workload, plugins.resolve("workload", case.workload.model))}
+    digest = hashlib.sha256()
+    for path in sorted(s for s in sources if s):
+        digest.update(Path(path).read_bytes())
+    identity = {
+        "format": FORMAT_VERSION, "torch": torch.__version__, "sources": digest.hexdigest(),
+        "workload": asdict(case.workload), "snapshots": with_snapshots,
+        "collective_timeout_s": case.timeouts.collective_s,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+class ReferenceCache:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def entry(self, key: str, produce: Callable[[Path], None]) -> Path:
+        """The directory of a complete entry for ``key``. On a miss ``produce(directory)`` fills a
+        fresh directory, or raises (nothing is cached then, and the next run tries again)."""
+        final = self.root / key
+        if (final / COMPLETE_MARKER).exists():
+            return final
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / f"{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even if we die
+            if (final / COMPLETE_MARKER).exists():
+                return final
+            building = self.root / f"{key}.building-{os.getpid()}"
+            shutil.rmtree(building, ignore_errors=True)
+            building.mkdir()
+            try:
+                produce(building)
+                (building / COMPLETE_MARKER).write_text("")
+                shutil.rmtree(final, ignore_errors=True)
+                os.rename(building, final)
+                return final
+            except BaseException:
+                shutil.rmtree(building, ignore_errors=True)
+                raise

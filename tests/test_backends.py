@@ -1,0 +1,77 @@
+"""The fork backend (ranks forked from a server with torch preloaded) gives the same verdicts as the
+spawn backend, forks only from a single-threaded server, and leaves no rank behind; the reference
+cache runs a reference once and keys it on what defines it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from resilience.backend import BACKENDS
+from resilience.harness import Harness
+from resilience.reference_cache import ReferenceCache, reference_key
+from resilience.scenario import VerdictKind
+
+from .harness_helpers import case_from
+
+TORN = {"kind": "kill", "rank": 1, "step": 8, "point": "write", "file": "*_rank_1.pt", "after_bytes": 4096}
+IN_TRAINING = {"kind": "kill", "rank": 0, "step": 6, "phase": "train"}
+
+
+def test_zygote_server_is_single_threaded_after_preload():
+    code = "import resilience.zygote as z; print(z.THREADS_AFTER_PRELOAD)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "1"
+
+
+@pytest.mark.parametrize("fault, expected", [(TORN, VerdictKind.LOUD), (IN_TRAINING, VerdictKind.RECOVERED)])
+def test_both_backends_give_the_same_verdict(tmp_path, fault, expected):
+    case = case_from(fault=fault)
+    verdicts = {}
+    for name in ("spawn", "fork"):
+        result = Harness(backend=BACKENDS[name](), work_root=tmp_path).run(case)
+        verdicts[name] = (result.verdict.kind, result.verdict.restored_step, result.verdict.complete_step)
+    assert verdicts["spawn"] == verdicts["fork"]
+    assert verdicts["fork"][0] is expected
+
+
+def test_forked_ranks_do_not_outlive_their_case(tmp_path):
+    result = Harness(backend=BACKENDS["fork"](), work_root=tmp_path, keep=True).run(case_from(fault=TORN))
+    pids = {e["pid"] for phase in result.phases for r in phase.ranks for e in r.events}
+    assert len(pids) >= 6
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}"), f"rank {pid} outlived its case"
+
+
+def test_reference_is_computed_once_and_shared(tmp_path):
+    cache = ReferenceCache(tmp_path / "cache")
+    harness = Harness(backend=BACKENDS["fork"](), work_root=tmp_path / "work", keep=True, cache=cache)
+    first = harness.run(case_from(fault=IN_TRAINING))
+    second = harness.run(case_from(fault=TORN))
+    assert len(list((tmp_path / "cache").glob("*/complete"))) == 1
+    assert not (second.work_dir / "reference").exists()  # read from the cache, not run again
+    assert first.phases[0].losses(0) == second.phases[0].losses(0)
+    assert second.verdict.kind is VerdictKind.LOUD and first.verdict.kind is VerdictKind.RECOVERED
+
+
+def test_reference_key_changes_with_what_defines_the_run():
+    case = case_from()
+    key = reference_key(case, False)
+    assert key == reference_key(case_from(fault=TORN, expect="fails_loudly"), False)  # faults do not matter
+    assert key != reference_key(case, True)
+    assert key != reference_key(replace(case, workload=replace(case.workload, seed=1)), False)
+    assert key != reference_key(replace(case, workload=replace(case.workload, world_size=4, global_batch=16)), False)
+
+
+def test_topology_change_uses_cached_snapshots(tmp_path):
+    cache = ReferenceCache(tmp_path / "cache")
+    harness = Harness(backend=BACKENDS["fork"](), work_root=tmp_path / "work", cache=cache)
+    case = case_from(strategy="torch.rank0", workload={"world_size": 2}, restart={"world_size": 4},
+                     fault=IN_TRAINING)
+    for _ in range(2):
+        result = harness.run(case)
+        assert result.verdict.kind is VerdictKind.RECOVERED, result.verdict.findings
+        assert [p.name for p in result.phases][-1] == "continuation"
