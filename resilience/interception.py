@@ -3,7 +3,8 @@
 
 Installed in a rank process before any checkpoint code runs. It reaches ``open``/``io.open``,
 ``torch.save`` given a path (torch would otherwise write from C++, unseen), and ``os.fsync``.
-With no listener armed the cost is one Python call per ``write``.
+A file is wrapped only while some listener wants it; the cost then is one Python call per
+``write``, and otherwise nothing: the strategy's own IO path stays what it is in production.
 """
 from __future__ import annotations
 
@@ -19,10 +20,13 @@ WRITE_MODE_CHARS = set("wax+")
 
 class IOListener(Protocol):
     """Hooks called on files under the checkpoint directory, in this order per file:
+    ``wants(relative_path)`` as the file is opened (optional, default yes; a file no listener wants
+    is not wrapped, and ``torch.save`` then writes it from C++ as it would without the harness);
     ``on_open`` once; ``on_write`` before each write (it may write a prefix itself through
     ``file.write_through`` and then raise or end the process); ``on_fsync`` before each fsync;
     ``before_close`` then ``after_close`` once."""
 
+    def wants(self, relative: str) -> bool: ...
     def on_open(self, file: "InterceptedFile") -> None: ...
     def on_write(self, file: "InterceptedFile", data: Any, nbytes: int) -> None: ...
     def on_fsync(self, file: "InterceptedFile") -> None: ...
@@ -114,6 +118,14 @@ class Interceptor:
         self.open_files: weakref.WeakValueDictionary[int, InterceptedFile] = weakref.WeakValueDictionary()
         self._saved: list[tuple[Any, str, Any]] = []
 
+    def interested(self, file: Any) -> tuple[str | None, list]:
+        """The file's path relative to the root and the listeners that want it."""
+        relative = self.relative(file)
+        if relative is None:
+            return None, []
+        return relative, [listener for listener in self.listeners
+                          if getattr(listener, "wants", None) is None or listener.wants(relative)]
+
     def relative(self, file: Any) -> str | None:
         if not isinstance(file, (str, bytes, os.PathLike)):
             return None
@@ -134,15 +146,17 @@ class Interceptor:
 
         def intercepted_open(file, mode="r", *args, **kwargs):
             raw = real_open(file, mode, *args, **kwargs)
-            relative = self.relative(file) if WRITE_MODE_CHARS & set(mode) else None
-            if relative is None:
+            relative, listeners = self.interested(file) if WRITE_MODE_CHARS & set(mode) else (None, [])
+            if not listeners:
                 return raw
-            return InterceptedFile(raw, Path(os.fsdecode(file)), relative, self.listeners, self.open_files)
+            return InterceptedFile(raw, Path(os.fsdecode(file)), relative, listeners, self.open_files)
 
         def intercepted_save(obj, f, *args, **kwargs):
-            if self.relative(f) is None:
+            relative, listeners = self.interested(f)
+            if not listeners:
                 return real_save(obj, f, *args, **kwargs)
-            with intercepted_open(f, "wb") as handle:
+            with InterceptedFile(real_open(f, "wb"), Path(os.fsdecode(f)), relative, listeners,
+                                 self.open_files) as handle:
                 return real_save(obj, handle, *args, **kwargs)
 
         def intercepted_fsync(fd):

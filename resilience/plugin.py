@@ -45,15 +45,19 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
     return None
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+def fail_skips_in_ci(report: pytest.TestReport) -> None:
     """With CI=true a skip is a failure: a missing install step must not hide behind it."""
-    outcome = yield
-    report = outcome.get_result()
     if os.environ.get("CI") == "true" and report.skipped and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped in CI (CI=true), which counts as a failure: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    if isinstance(item, ScenarioItem):  # only our own items: other suites keep their skips
+        fail_skips_in_ci(outcome.get_result())
 
 
 def marker_name(prefix: str, value: str) -> str:

@@ -75,3 +75,19 @@ def test_topology_change_uses_cached_snapshots(tmp_path):
         result = harness.run(case)
         assert result.verdict.kind is VerdictKind.RECOVERED, result.verdict.findings
         assert [p.name for p in result.phases][-1] == "continuation"
+
+
+def test_shipped_smoke_tier_gives_identical_verdicts_under_both_backends(tmp_path):
+    from pathlib import Path
+
+    from resilience.loader import load_file
+
+    root = Path(__file__).resolve().parent.parent / "scenarios"
+    cases = [c for f in sorted(root.glob("*.scenario.yaml")) for c in load_file(f).cases if c.tier == "smoke"]
+    assert len(cases) >= 8
+    cache = ReferenceCache(tmp_path / "cache")
+    by_backend = {}
+    for name in ("fork", "spawn"):
+        harness = Harness(backend=BACKENDS[name](), work_root=tmp_path / name, cache=cache)
+        by_backend[name] = [(c.source, c.id, harness.run(c).verdict.kind) for c in cases]
+    assert by_backend["fork"] == by_backend["spawn"]

@@ -47,7 +47,17 @@ def saved_bytes(obj: dict) -> bytes:
     return buffer.getvalue()
 
 
+def saved_by_path(obj: dict) -> bytes:
+    """What torch.save writes given a path itself (from C++): its records are named after the file."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.save(obj, os.path.join(tmp, "x.pt"))
+        with open(os.path.join(tmp, "x.pt"), "rb") as f:
+            return f.read()
+
+
 REFERENCE = saved_bytes(checkpoint())
+PATH_REFERENCE = saved_by_path(checkpoint())  # a file no fault wants is left to torch's own writer
 
 
 def largest_record_span(data: bytes) -> tuple[int, int]:
@@ -206,7 +216,7 @@ def test_kill_does_not_fire_outside_its_trigger(tmp_path, trig, where):
     assert code == 0
     assert events == []
     assert (root / MARKER).exists()
-    assert (root / "x.pt").read_bytes() == REFERENCE
+    assert (root / "x.pt").read_bytes() in (REFERENCE, PATH_REFERENCE)
     assert_equal_state(torch.load(root / "x.pt", weights_only=True), checkpoint())
 
 
@@ -323,7 +333,7 @@ def test_disk_full_does_not_count_outside_its_trigger(root, install, where):
     events: list = []
     install(root, [disk_full(root, "write", 10, events, **where)])
     torch.save(checkpoint(), root / "x.pt")
-    assert (root / "x.pt").read_bytes() == REFERENCE
+    assert (root / "x.pt").read_bytes() == PATH_REFERENCE  # not wanted: torch wrote it itself
     assert events == []
 
 
@@ -499,7 +509,7 @@ def test_intercepted_torch_save_writes_the_same_bytes(root, install, tmp_path):
     assert plain == REFERENCE
 
     recorder = Recorder()
-    install(root, [])
+    install(root, [Recorder()])
     torch.save(obj, root / "by_path.pt")
     with open(root / "by_handle.pt", "wb") as f:
         assert isinstance(f, InterceptedFile)
@@ -523,7 +533,7 @@ def test_intercepted_path_save_differs_from_a_native_path_save_only_in_the_archi
     native = tmp_path / "native"
     native.mkdir()
     torch.save(obj, native / "x.pt")
-    install(root, [])
+    install(root, [Recorder()])
     torch.save(obj, root / "x.pt")
 
     def records(path: Path) -> dict[str, bytes]:
@@ -534,3 +544,22 @@ def test_intercepted_path_save_differs_from_a_native_path_save_only_in_the_archi
     assert zipfile.ZipFile(root / "x.pt").namelist()[0].startswith("archive/")
     assert records(native / "x.pt") == records(root / "x.pt")
     assert_equal_state(torch.load(root / "x.pt", weights_only=True), torch.load(native / "x.pt", weights_only=True))
+
+
+class NotInterested(Recorder):
+    def wants(self, relative):
+        return False
+
+
+def test_a_file_no_listener_wants_is_left_to_torch_itself(root, install, tmp_path):
+    """No fault armed for a file: torch.save given a path writes it from C++ exactly as without the
+    harness (byte-identical), and open() returns the plain file object."""
+    obj = checkpoint()
+    assert PATH_REFERENCE[:64] != REFERENCE[:64]  # the two routes are distinguishable
+    listener = NotInterested()
+    install(root, [listener])
+    torch.save(obj, root / "x.pt")
+    assert (root / "x.pt").read_bytes() == PATH_REFERENCE
+    with open(root / "y.bin", "wb") as f:
+        assert not isinstance(f, InterceptedFile)
+    assert listener.calls == []

@@ -95,3 +95,21 @@ def test_no_rank_process_survives_a_case(tmp_path):
     assert len(pids) >= 6  # 2 ranks x (reference, first run, restart)
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}"), f"rank process {pid} outlived its case"
+
+
+def test_a_skip_fails_only_in_ci(pytester, monkeypatch):
+    pytester.makefile(".scenario.yaml", tmpfs=textwrap.dedent("""\
+        name: needs root
+        description: skipped where tmpfs cannot be mounted
+        strategy: torch.rank0
+        workload: {world_size: 1, steps: 2, checkpoint_every: 1, global_batch: 4}
+        fault: {kind: disk_full, via: tmpfs, rank: 0, step: 2, point: start}
+        expect: fails_loudly
+        """))
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # as a user without root, in this process
+    monkeypatch.delenv("CI", raising=False)
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(skipped=1)
+    monkeypatch.setenv("CI", "true")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*skipped in CI (CI=true)*needs root*"])

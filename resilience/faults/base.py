@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
@@ -97,6 +98,10 @@ class Fault:
     def at(self, phase: str, step: int) -> None:
         pass
 
+    def wants(self, relative: str) -> bool:
+        """Whether this fault needs to see the writes of the file being opened (see IOListener)."""
+        return False
+
     def on_open(self, file: InterceptedFile) -> None:
         pass
 
@@ -123,8 +128,10 @@ class Fault:
                 and clock.step == self.trigger.step)
 
     def file_matches(self, file: InterceptedFile) -> bool:
-        from fnmatch import fnmatchcase
-        return fnmatchcase(file.relative, self.trigger.file)
+        return self.path_matches(file.relative)
+
+    def path_matches(self, relative: str) -> bool:
+        return fnmatchcase(relative, self.trigger.file)
 
     def fired(self, **detail: Any) -> None:
         clock = self.env.clock

@@ -110,13 +110,16 @@ class DiskFull(Fault):
         finally:
             os.close(fd)
 
-    def _counting(self, file: InterceptedFile) -> bool:
+    def wants(self, relative: str) -> bool:
         """Quota mode, on the trigger rank, from the triggering save on, for matching files."""
         if self.spec.params["via"] != "quota" or not self.on_trigger_rank():
             return False
         clock = self.env.clock
         started = clock.step > self.trigger.step or self.in_trigger_window()
-        return started and self.file_matches(file)
+        return started and self.path_matches(relative)
+
+    def _counting(self, file: InterceptedFile) -> bool:
+        return self.wants(file.relative)
 
     def on_write(self, file: InterceptedFile, data: Any, nbytes: int) -> None:
         if not self._counting(file):

@@ -29,6 +29,9 @@ class Kill(Fault):
     def needs_interception(self) -> bool:
         return self.trigger.point in ("open", "write", "fsync", "close")
 
+    def wants(self, relative: str) -> bool:
+        return self.needs_interception() and self.in_trigger_window() and self.path_matches(relative)
+
     def at(self, phase: str, step: int) -> None:
         if self.trigger.point == "start" and self.in_trigger_window():
             self._kill(None)
