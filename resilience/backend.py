@@ -23,9 +23,13 @@ class RankProcess(ABC):
     def poll(self) -> int | None:
         """Exit status (negative: killed by that signal), or None while running."""
 
-    @abstractmethod
     def signal(self, signum: int) -> None:
-        """Send ``signum`` to the rank process itself."""
+        """Send ``signum`` to the rank process itself, unless it has already exited."""
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
 
     @abstractmethod
     def destroy(self) -> None:
@@ -50,13 +54,6 @@ class _PopenRank(RankProcess):
 
     def poll(self) -> int | None:
         return self._popen.poll()
-
-    def signal(self, signum: int) -> None:
-        if self._popen.poll() is None:
-            try:
-                os.kill(self.pid, signum)
-            except ProcessLookupError:
-                pass
 
     def destroy(self) -> None:
         # The rank leads its own process group (start_new_session), so this also reaches helper
@@ -98,13 +95,6 @@ class _ForkedRank(RankProcess):
 
     def poll(self) -> int | None:
         return self._process.exitcode
-
-    def signal(self, signum: int) -> None:
-        if self._process.exitcode is None:
-            try:
-                os.kill(self.pid, signum)
-            except ProcessLookupError:
-                pass
 
     def destroy(self) -> None:
         for kill in (lambda: os.killpg(self.pid, signal.SIGKILL), lambda: os.kill(self.pid, signal.SIGKILL)):
