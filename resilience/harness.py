@@ -119,7 +119,8 @@ class Harness:
         try:
             fault.setup(env)
             phases.append(self._phase(plan.make(FIRST_RUN, case.workload.world_size, "strategy_fresh",
-                                                save=True, inject=True), case))
+                                                save=True, inject=True), case,
+                                      supervisor=fault if fault.supervises else None))
             fault.heal(env)
             restart = self._phase(plan.make(RESTART, case.restart.world_size, "strategy", save=True,
                                             rank_map=case.restart.rank_map), case)
@@ -157,7 +158,7 @@ class Harness:
         result = _collect(stored, "completed", [0] * stored.world_size, 0.0)
         return result, entry / "snapshots" if keep_snapshots else None
 
-    def _phase(self, plan: PhasePlan, case: Case) -> PhaseResult:
+    def _phase(self, plan: PhasePlan, case: Case, supervisor=None) -> PhaseResult:
         phase_dir = Path(plan.phase_dir)
         phase_dir.mkdir(parents=True)
         plan_path = phase_dir / "plan.json"
@@ -175,6 +176,8 @@ class Harness:
                     break
                 if all(code == 0 for code in codes):
                     break
+                if supervisor is not None:
+                    supervisor.supervise(_phase_events(plan), ranks)
                 if time.monotonic() > deadline:
                     status = "deadline"
                     for rank in ranks:  # faulthandler in each rank prints every thread's stack
@@ -261,6 +264,10 @@ def _crash(phase: str, record: RankRecord) -> RankError:
     last_lines = [line for line in record.stderr_tail.strip().splitlines() if line.strip()][-3:]
     message = what + (": " + " | ".join(last_lines) if last_lines else "")
     return RankError(record.rank, phase, kind, message, record.stderr_tail, time.time())
+
+
+def _phase_events(plan: PhasePlan) -> list[dict]:
+    return [e for rank in range(plan.world_size) for e in _read_events(plan.events_path(rank))]
 
 
 def _read_events(path: Path) -> list[dict]:

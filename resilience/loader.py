@@ -188,14 +188,35 @@ def _expand_matrix(source: str, matrix: Any) -> list[tuple[str, list[tuple[str, 
     else:
         raise ScenarioError(source, "matrix", "must be a mapping or a list", matrix,
                             "a mapping of key path -> list of values, or a list of mappings")
+    ids = [_case_id(combo, full=False) for combo in combos]
+    if len(set(ids)) < len(ids):  # only the expectations tell some cases apart: name them too
+        ids = [_case_id(combo, full=True) for combo in combos]
     expanded, seen = [], set()
-    for combo in combos:
-        case_id = ",".join(f"{key}={_id_value(value)}" for key, value in combo)
+    for case_id, combo in zip(ids, combos):
         if case_id in seen:
             raise ScenarioError(source, "matrix", f"two cases have the same values ({case_id})")
         seen.add(case_id)
         expanded.append((case_id, combo))
     return expanded
+
+
+OUTCOME_KEYS = ("expect", "known_issue", "name", "description")
+
+
+def _case_id(combo: list[tuple[str, Any]], full: bool) -> str:
+    """What varies in this case, e.g. strategy=torch.rank0,fault.rank=2 (expectations left out)."""
+    items = [(k, v) for k, v in _id_items(combo) if full or k.split(".")[0] not in OUTCOME_KEYS]
+    return ",".join(f"{key}={_id_value(value)}" for key, value in items)
+
+
+def _id_items(combo: list[tuple[str, Any]]):
+    """A mapping value reads as its dotted leaves: fault={kind: stall, seconds: 3} gives
+    fault.kind=stall,fault.seconds=3 in the case id."""
+    for key, value in combo:
+        if isinstance(value, dict) and value:
+            yield from _id_items([(f"{key}.{k}", v) for k, v in value.items()])
+        else:
+            yield key, value
 
 
 def _id_value(value: Any) -> str:
@@ -354,7 +375,11 @@ class _Validator:
         doc = self.mapping("fault", value, ("kind",) + (TRIGGER_KEYS if cls.needs_trigger else ()) + param_keys)
         params = {}
         for key, (allowed, default) in cls.params.items():
-            params[key] = self.choice(f"fault.{key}", doc.get(key, default), allowed)
+            if allowed is float:
+                value = self.required(f"fault.{key}", doc.get(key, default))
+                params[key] = self.number(f"fault.{key}", value, 0)
+            else:
+                params[key] = self.choice(f"fault.{key}", doc.get(key, default), allowed)
         trigger = self.trigger(doc, workload, cls) if cls.needs_trigger else None
         spec = FaultSpec(kind=doc["kind"], trigger=trigger, params=params)
         problem = cls.check(spec)

@@ -15,6 +15,7 @@ FAULTS = {
     "none": "resilience.faults.noop:NoFault",
     "kill": "resilience.faults.kill:Kill",
     "disk_full": "resilience.faults.disk_full:DiskFull",
+    "stall": "resilience.faults.stall:Stall",
 }
 WORKLOADS = {
     "mlp": "resilience.workload:MLPWorkload",

@@ -259,7 +259,7 @@ def test_strategy_module_raising_at_import_is_a_scenario_error(tmp_path, monkeyp
 def test_unknown_fault_kind_lists_kinds():
     err = scenario_error(variant({"fault.kind": "explode"}))
     assert "unknown fault 'explode'" in str(err)
-    assert err.allowed == "none, kill, disk_full, package.module:Class"
+    assert err.allowed == "none, kill, disk_full, stall, package.module:Class"
 
 
 def test_fault_rank_error_explains_range_from_world_size():
@@ -502,7 +502,7 @@ def test_list_matrix_is_explicit_cases_in_order():
                               {"fault": {"kind": "none"}}]})
     cases = load(doc).cases
     assert [c.id for c in cases] == ["strategy=torch.per_rank", "strategy=torch.rank0,fault.rank=1",
-                                     "fault=kind_none"]
+                                     "fault.kind=none"]
     assert [c.strategy.name for c in cases] == ["torch.per_rank", "torch.rank0", "torch.rank0"]
     assert cases[1].fault.trigger.rank == 1 and cases[0].fault.trigger.rank == 0
     assert cases[2].fault.kind == "none" and cases[2].fault.trigger is None
@@ -734,3 +734,14 @@ def test_random_text_raises_only_scenario_errors(text):
 def test_parse_size_never_raises(value):
     size = parse_size(value)
     assert size is None or (isinstance(size, int) and size >= 0)
+
+
+def test_case_ids_leave_expectations_out_unless_they_alone_tell_cases_apart():
+    """Ids name what varies in the case; an expectation joins the id only when needed to be unique."""
+    doc = variant({"matrix": [{"strategy": "torch.rank0", "expect": "fails_loudly"},
+                              {"strategy": "torch.per_rank"}]})
+    assert [c.id for c in load(doc).cases] == ["strategy=torch.rank0", "strategy=torch.per_rank"]
+    doc = variant({"matrix": [{"strategy": "torch.rank0", "expect": "fails_loudly"},
+                              {"strategy": "torch.rank0", "expect": "recovers"}]})
+    assert [c.id for c in load(doc).cases] == ["strategy=torch.rank0,expect=fails_loudly",
+                                               "strategy=torch.rank0,expect=recovers"]

@@ -64,8 +64,10 @@ class Fault:
         "save": ("start", "open", "write", "fsync", "close"), "train": ("start",)}
     #: points at which ``after_bytes`` means something
     byte_points: ClassVar[tuple[str, ...]] = ("write",)
-    #: kind-specific keys: name -> (allowed values, default)
-    params: ClassVar[dict[str, tuple[tuple[str, ...], str]]] = {}
+    #: kind-specific keys: name -> (allowed values, or ``float`` for a number > 0; default)
+    params: ClassVar[dict[str, tuple[tuple[str, ...] | type, Any]]] = {}
+    #: whether the harness calls ``supervise`` while the first run is going on
+    supervises: ClassVar[bool] = False
 
     def __init__(self, spec: FaultSpec):
         self.spec = spec
@@ -90,6 +92,10 @@ class Fault:
 
     def teardown(self, env: CaseEnvironment) -> None:
         pass
+
+    def supervise(self, events: list[dict], ranks: list) -> None:
+        """Only if ``supervises``: called repeatedly while the first run goes on, with every event
+        the ranks emitted so far and their `RankProcess` handles (to signal them)."""
 
     # -- rank side ------------------------------------------------------------------------------
     def arm(self, env: RankEnvironment) -> None:

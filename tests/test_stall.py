@@ -1,0 +1,31 @@
+"""The stall fault: a real SIGSTOP of a rank in its peers' collective, a SIGCONT from the harness."""
+from __future__ import annotations
+
+from resilience.scenario import VerdictKind
+
+from .harness_helpers import run_case
+
+TIMEOUT_S = 15
+MARGIN_S = 10  # a rank notices a timed-out collective on its next poll; 2 loaded cores add more
+
+
+def stall(seconds, phase="save", step=8):
+    return {"kind": "stall", "rank": 1, "step": step, "phase": phase, "seconds": seconds}
+
+
+def test_stall_shorter_than_the_timeout_only_delays(tmp_path):
+    result = run_case(tmp_path, fault=stall(3), timeouts={"collective": TIMEOUT_S})
+    first_run = result.phases[1]
+    assert result.verdict.kind is VerdictKind.RECOVERED, result.verdict.findings
+    assert first_run.status == "completed" and first_run.elapsed_s >= 3
+    assert [e["rank"] for e in first_run.fault_events] == [1]
+
+
+def test_stall_longer_than_the_timeout_is_loud_within_the_timeout_plus_a_margin(tmp_path):
+    result = run_case(tmp_path, fault=stall(25, phase="train", step=6), timeouts={"collective": TIMEOUT_S},
+                      expect="fails_loudly")
+    assert result.verdict.kind is VerdictKind.LOUD, result.verdict.findings
+    error = result.verdict.first_error
+    assert error.rank == 0 and "Timed out" in error.message
+    stalled_at = result.phases[1].fault_events[0]["time"]
+    assert TIMEOUT_S - 1 <= error.time - stalled_at <= TIMEOUT_S + MARGIN_S
