@@ -31,6 +31,14 @@ class RankProcess(ABC):
             except ProcessLookupError:
                 pass
 
+    def is_stopped(self) -> bool:
+        """Whether the rank is stopped (SIGSTOP): it can neither run nor dump its stack."""
+        try:
+            with open(f"/proc/{self.pid}/stat") as stat:
+                return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+        except (FileNotFoundError, IndexError):
+            return False
+
     @abstractmethod
     def destroy(self) -> None:
         """SIGKILL the rank and every process it started, and reap it. Idempotent."""

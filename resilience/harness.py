@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -64,7 +65,7 @@ class PhaseResult:
     first_error: RankError | None
     fault_events: tuple[dict, ...]
     elapsed_s: float
-
+    hang_summary: tuple[str, ...] = ()  # at a deadline: where each rank was waiting
     def events(self, kind: str) -> list[dict]:
         return [e for record in self.ranks for e in record.events if e["event"] == kind]
 
@@ -166,7 +167,7 @@ class Harness:
         started = time.monotonic()
         deadline = started + case.timeouts.phase_s
         ranks = self.backend.start(plan, plan_path)
-        status, codes = "completed", [None] * len(ranks)
+        status, codes, stopped = "completed", [None] * len(ranks), set()
         try:
             while True:
                 codes = [r.poll() for r in ranks]  # ranks still None here are torn down, not failed
@@ -180,6 +181,7 @@ class Harness:
                     supervisor.supervise(_phase_events(plan), ranks)
                 if time.monotonic() > deadline:
                     status = "deadline"
+                    stopped = {rank.rank for rank in ranks if rank.is_stopped()}
                     for rank in ranks:  # faulthandler in each rank prints every thread's stack
                         rank.signal(signal.SIGUSR1)
                     time.sleep(STACK_DUMP_WAIT_S)
@@ -188,7 +190,12 @@ class Harness:
         finally:
             for rank in ranks:
                 rank.destroy()
-        return _collect(plan, status, codes, time.monotonic() - started)
+        result = _collect(plan, status, codes, time.monotonic() - started)
+        if status == "deadline":
+            result = replace(result, hang_summary=tuple(
+                _where_waiting(record, record.rank in stopped) for record in result.ranks
+                if record.returncode is None))
+        return result
 
 
     @staticmethod
@@ -264,6 +271,23 @@ def _crash(phase: str, record: RankRecord) -> RankError:
     last_lines = [line for line in record.stderr_tail.strip().splitlines() if line.strip()][-3:]
     message = what + (": " + " | ".join(last_lines) if last_lines else "")
     return RankError(record.rank, phase, kind, message, record.stderr_tail, time.time())
+
+
+FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def _where_waiting(record: RankRecord, stopped: bool) -> str:
+    """From a rank's faulthandler dump: the collective it waits in and the first frame outside torch."""
+    if stopped:
+        return f"rank {record.rank}: stopped (SIGSTOP), so it cannot dump its stack"
+    dump = record.stderr_tail.rsplit("most recent call first", 1)
+    if len(dump) < 2:
+        return f"rank {record.rank}: no stack dumped"
+    frames = [m.groupdict() for m in map(FRAME.match, dump[1].splitlines()) if m]
+    collective = next((f["func"] for f in frames if f["path"].endswith("distributed_c10d.py")), None)
+    caller = next((f for f in frames if "/torch/" not in f["path"]), None)
+    where = f"{caller['path']}:{caller['line']} in {caller['func']}" if caller else "unknown"
+    return f"rank {record.rank}: " + (f"waiting in {collective}, called from {where}" if collective else f"at {where}")
 
 
 def _phase_events(plan: PhasePlan) -> list[dict]:

@@ -101,7 +101,10 @@ def judge(case: Case, reference: "PhaseResult", first_run: "PhaseResult", restar
         kind = VerdictKind.LOUD
     else:
         kind = VerdictKind.RECOVERED
-    findings = silent + ([f"phase {hung} passed its {case.timeouts.phase_s:g} s deadline"] if hung else []) \
+    hang_lines = next((list(p.hang_summary) for p in (first_run, restart, continuation)
+                       if p is not None and p.name == hung), [])
+    findings = silent + ([f"phase {hung} passed its {case.timeouts.phase_s:g} s deadline"] + hang_lines
+                         if hung else []) \
         + ([f"rank {first_error.rank} failed in {first_error.phase}: {first_error.summary()}"] if first_error else []) \
         + notes
     return Verdict(kind=kind, findings=tuple(findings), first_error=first_error, restored_step=restored_step,

@@ -29,3 +29,12 @@ def test_stall_longer_than_the_timeout_is_loud_within_the_timeout_plus_a_margin(
     assert error.rank == 0 and "Timed out" in error.message
     stalled_at = result.phases[1].fault_events[0]["time"]
     assert TIMEOUT_S - 1 <= error.time - stalled_at <= TIMEOUT_S + MARGIN_S
+
+
+def test_stall_past_the_phase_deadline_is_a_hang_that_names_the_stopped_rank(tmp_path):
+    """No collective timeout fires before the deadline: nobody failed, so HANG, not LOUD."""
+    result = run_case(tmp_path, fault=stall(300), timeouts={"collective": 600, "phase": 20})
+    assert result.verdict.kind is VerdictKind.HANG
+    findings = "\n".join(result.verdict.findings)
+    assert "rank 1: stopped (SIGSTOP)" in findings
+    assert "rank 0: waiting in barrier" in findings

@@ -57,6 +57,10 @@ def test_stalled_restore_is_a_hang_with_stacks(tmp_path):
     assert result.verdict.hung_phase == "restart"
     restart = result.phases[-1]
     assert "strategies_under_test.py" in restart.ranks[1].stderr_tail  # its stack, dumped by faulthandler
+    where = "\n".join(result.verdict.findings)
+    assert "rank 0: waiting in barrier" in where  # the peer that did nothing wrong, and where it waits
+    assert "rank 1: at " in where and "in load" in where  # the culprit, outside any collective
+    assert all(r.returncode is None for r in restart.ranks)  # torn down by the harness, none left
 
 
 def test_loud_error_is_the_first_one_not_the_peers_consequence(tmp_path):

@@ -39,14 +39,6 @@ class Stall(Fault):
                 continue
             rank = ranks[event["rank"]]
             # resume only a rank that has really stopped: a SIGCONT sent first would be lost
-            if time.time() >= event["time"] + self.spec.params["seconds"] and _stopped(rank.pid):
+            if time.time() >= event["time"] + self.spec.params["seconds"] and rank.is_stopped():
                 rank.signal(signal.SIGCONT)
                 self.resumed.add(event["rank"])
-
-
-def _stopped(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (FileNotFoundError, IndexError):
-        return False
