@@ -119,7 +119,7 @@ class Harness:
         phases = [reference]
         try:
             fault.setup(env)
-            phases.append(self._phase(plan.make(FIRST_RUN, case.workload.world_size, "strategy_fresh",
+            phases.append(self._phase(plan.make(FIRST_RUN, case.workload.world_size, "fresh",
                                                 save=True, inject=True), case,
                                       supervisor=fault if fault.supervises else None))
             fault.heal(env)
@@ -220,7 +220,7 @@ class _Planner:
         return PhasePlan(
             name=name, case_file=str(self.case_file), world_size=world_size,
             store_path=str(phase_dir / "store"), checkpoint_dir=str(self.checkpoint_dir),
-            phase_dir=str(phase_dir), start="fresh" if start == "strategy_fresh" else start, save=save,
+            phase_dir=str(phase_dir), start=start, save=save,
             inject=inject, record_states=record_states,
             snapshot_dir=str(snapshot_dir) if snapshot_dir else None, snapshot_step=snapshot_step,
             rank_map=rank_map or tuple(range(world_size)),
