@@ -51,9 +51,21 @@ class ProcessBackend(ABC):
     returned processes; ``destroy()`` on each of them always ends the phase, whatever happened.
     """
 
-    @abstractmethod
     def start(self, plan: PhasePlan, plan_path: Path) -> list[RankProcess]:
-        ...
+        """Every rank of the phase, or none: ranks already started are destroyed if one fails to start."""
+        ranks: list[RankProcess] = []
+        try:
+            for rank in range(plan.world_size):
+                ranks.append(self.start_rank(plan, plan_path, rank))
+        except BaseException:
+            for started in ranks:
+                started.destroy()
+            raise
+        return ranks
+
+    @abstractmethod
+    def start_rank(self, plan: PhasePlan, plan_path: Path, rank: int) -> RankProcess:
+        """Start one rank, writing its stdout and stderr to ``plan.log_paths(rank)``."""
 
 
 class _PopenRank(RankProcess):
@@ -79,22 +91,13 @@ class _PopenRank(RankProcess):
 class SpawnBackend(ProcessBackend):
     """A fresh Python interpreter per rank (``python -m resilience.worker``): slow to start, simple."""
 
-    def start(self, plan: PhasePlan, plan_path: Path) -> list[RankProcess]:
-        env = rank_environment()
-        ranks: list[RankProcess] = []
-        try:
-            for rank in range(plan.world_size):
-                out_path, err_path = plan.log_paths(rank)
-                with open(out_path, "wb") as out, open(err_path, "wb") as err:
-                    popen = subprocess.Popen(
-                        [sys.executable, "-m", "resilience.worker", str(plan_path), str(rank)],
-                        stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, start_new_session=True)
-                ranks.append(_PopenRank(rank, popen))
-        except BaseException:
-            for started in ranks:
-                started.destroy()
-            raise
-        return ranks
+    def start_rank(self, plan: PhasePlan, plan_path: Path, rank: int) -> RankProcess:
+        out_path, err_path = plan.log_paths(rank)
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "resilience.worker", str(plan_path), str(rank)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=rank_environment(), start_new_session=True)
+        return _PopenRank(rank, popen)
 
 
 class _ForkedRank(RankProcess):
@@ -161,20 +164,12 @@ class ForkServerBackend(ProcessBackend):
         self._context = multiprocessing.get_context("forkserver")
         self._context.set_forkserver_preload(["resilience.zygote"])
 
-    def start(self, plan: PhasePlan, plan_path: Path) -> list[RankProcess]:
-        ranks: list[RankProcess] = []
-        try:
-            for rank in range(plan.world_size):
-                out_path, err_path = plan.log_paths(rank)
-                process = _RankProcess(target=_forked_rank, name=f"rank{rank}",
-                                                args=(str(plan_path), rank, str(out_path), str(err_path)))
-                process.start()
-                ranks.append(_ForkedRank(rank, process))
-        except BaseException:
-            for started in ranks:
-                started.destroy()
-            raise
-        return ranks
+    def start_rank(self, plan: PhasePlan, plan_path: Path, rank: int) -> RankProcess:
+        out_path, err_path = plan.log_paths(rank)
+        process = _RankProcess(target=_forked_rank, name=f"rank{rank}",
+                               args=(str(plan_path), rank, str(out_path), str(err_path)))
+        process.start()
+        return _ForkedRank(rank, process)
 
 
 def rank_environment() -> dict[str, str]:
