@@ -66,6 +66,7 @@ class PhaseResult:
     fault_events: tuple[dict, ...]
     elapsed_s: float
     hang_summary: tuple[str, ...] = ()  # at a deadline: where each rank was waiting
+
     def events(self, kind: str) -> list[dict]:
         return [e for record in self.ranks for e in record.events if e["event"] == kind]
 
@@ -196,7 +197,6 @@ class Harness:
                 _where_waiting(record, record.rank in stopped) for record in result.ranks
                 if record.returncode is None))
         return result
-
 
     @staticmethod
     def _grace(ranks, codes: list[int | None]) -> list[int | None]:

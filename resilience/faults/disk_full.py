@@ -118,11 +118,8 @@ class DiskFull(Fault):
         started = clock.step > self.trigger.step or self.in_trigger_window()
         return started and self.path_matches(relative)
 
-    def _counting(self, file: InterceptedFile) -> bool:
-        return self.wants(file.relative)
-
     def on_write(self, file: InterceptedFile, data: Any, nbytes: int) -> None:
-        if not self._counting(file):
+        if not self.wants(file.relative):
             return
         room = max(0, self.budget - self.used)
         self.used += nbytes
@@ -139,11 +136,11 @@ class DiskFull(Fault):
         self.cut_at.setdefault(id(file), file.offset + room)
 
     def on_fsync(self, file: InterceptedFile) -> None:
-        if self.trigger.point == "fsync" and self._counting(file):
+        if self.trigger.point == "fsync" and self.wants(file.relative):
             self._deferred_error(file)
 
     def before_close(self, file: InterceptedFile) -> None:
-        if self.trigger.point in ("fsync", "close") and self._counting(file):
+        if self.trigger.point in ("fsync", "close") and self.wants(file.relative):
             self._deferred_error(file)
 
     def _deferred_error(self, file: InterceptedFile) -> None:
