@@ -339,6 +339,9 @@ class _Validator:
             name, options, key = value, {}, "strategy"
         cls = self.plugin("strategy", key, name)
         options = self.plain("strategy.options", self.mapping("strategy.options", options, tuple(cls.options)))
+        for option, allowed in cls.option_values.items():
+            if option in options:
+                self.choice(f"strategy.options.{option}", options[option], allowed)
         return StrategySpec(name=name, options=options)
 
     def workload(self, value: Any) -> WorkloadSpec:

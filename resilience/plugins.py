@@ -10,6 +10,9 @@ STRATEGIES = {
     "none": "resilience.strategies.noop:NoCheckpoint",
     "torch.rank0": "resilience.strategies.torch_native:RankZeroSave",
     "torch.per_rank": "resilience.strategies.torch_native:PerRankSave",
+    "deepspeed.zero1": "resilience.strategies.deepspeed_zero:Zero1",
+    "deepspeed.zero2": "resilience.strategies.deepspeed_zero:Zero2",
+    "deepspeed.zero3": "resilience.strategies.deepspeed_zero:Zero3",
 }
 FAULTS = {
     "none": "resilience.faults.noop:NoFault",

@@ -36,13 +36,16 @@ def reference_key(case: Case, with_snapshots: bool) -> str:
 
     from . import worker, workload
 
-    sources = {inspect.getsourcefile(m) for m in (worker, workload, plugins.resolve("workload", case.workload.model))}
+    strategy = plugins.resolve("strategy", case.strategy.name)
+    trainer = strategy.trainer(case.strategy.options)
+    trained_by = (worker, workload, plugins.resolve("workload", case.workload.model)) + ((strategy,) if trainer else ())
+    sources = {inspect.getsourcefile(m) for m in trained_by}
     digest = hashlib.sha256()
     for path in sorted(s for s in sources if s):
         digest.update(Path(path).read_bytes())
     identity = {
         "format": FORMAT_VERSION, "torch": torch.__version__, "sources": digest.hexdigest(),
-        "workload": asdict(case.workload), "snapshots": with_snapshots,
+        "workload": asdict(case.workload), "snapshots": with_snapshots, "trainer": trainer,
         "collective_timeout_s": case.timeouts.collective_s,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]

@@ -75,13 +75,12 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=plan.world_size,
                             timeout=timedelta(seconds=plan.collective_timeout_s))
     events.emit("joined", world_size=plan.world_size)
-    workload = plugins.resolve("workload", case.workload.model)(case.workload, rank, plan.world_size)
-    strategy = None
-    if plan.save or plan.start == "strategy":
-        context = StrategyContext(checkpoint_dir=checkpoint_dir, rank=rank, world_size=plan.world_size,
-                                  previous_rank=plan.rank_map[rank] if plan.start == "strategy" else None,
-                                  options=dict(case.strategy.options))
-        strategy = plugins.resolve("strategy", case.strategy.name)(context)
+    context = StrategyContext(checkpoint_dir=checkpoint_dir, rank=rank, world_size=plan.world_size,
+                              previous_rank=plan.rank_map[rank] if plan.start == "strategy" else None,
+                              options=dict(case.strategy.options))
+    # every phase, the oracle's too: a strategy whose engine trains the model trains it everywhere
+    strategy = plugins.resolve("strategy", case.strategy.name)(context)
+    workload = strategy.prepare(plugins.resolve("workload", case.workload.model)(case.workload, rank, plan.world_size))
     snapshots = Path(plan.snapshot_dir) if plan.snapshot_dir else None
 
     if plan.start == "strategy":

@@ -76,7 +76,42 @@ class Workload(ABC):
         self.load_state_dict(state)
 
 
-class MLPWorkload(Workload):
+class TrainableWorkload(Workload):
+    """A workload a training engine can drive (DeepSpeed wraps its model, optimizer and scheduler).
+
+    The engine's owner then replaces ``train_step`` with, once per step on every rank:
+    ``next_local_batch()`` -> forward through the engine -> ``local_loss`` -> the engine's backward
+    and step -> ``count_step()``. The workload keeps what the engine does not own: the step count,
+    the data position and the randomness (``progress_state``), which travel as the engine's client
+    state.
+    """
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+
+    @abstractmethod
+    def next_local_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's (inputs, targets) for the next step; advances the data position and rng."""
+
+    @abstractmethod
+    def local_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """This rank's loss: its mean over ranks is the global loss."""
+
+    @abstractmethod
+    def count_step(self) -> None:
+        """The engine finished one step."""
+
+    @abstractmethod
+    def progress_state(self) -> dict[str, Any]:
+        """The part of ``state_dict`` an engine does not own: the step, data position, randomness."""
+
+    @abstractmethod
+    def load_progress_state(self, state: dict[str, Any]) -> None:
+        """Restore what ``progress_state`` returned."""
+
+
+class MLPWorkload(TrainableWorkload):
     """A tanh MLP regressing a fixed synthetic dataset with Adam and a warm-up/decay LR schedule.
 
     Checkpointed state: ``step``, ``model``, ``optimizer`` (Adam moments), ``scheduler``, ``data``
@@ -134,7 +169,8 @@ class MLPWorkload(Workload):
         self.position += batch
         return indices
 
-    def train_step(self) -> float:
+    def next_local_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's slice of the next global batch, (inputs, targets); advances data and noise."""
         indices = self._next_global_batch()
         start = self.rank * self.local_batch
         local = indices[start:start + self.local_batch]
@@ -142,9 +178,20 @@ class MLPWorkload(Workload):
             noise = torch.randn(self.spec.global_batch, self.input_dim, generator=self.rng)[start:start + self.local_batch]
         else:
             noise = torch.randn(self.local_batch, self.input_dim, generator=self.rng)
-        inputs = self.inputs[local] + self.noise_scale * noise
+        return self.inputs[local] + self.noise_scale * noise, self.targets[local]
+
+    def local_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean squared error over this rank's examples (an engine averages it over ranks)."""
+        return ((outputs - targets) ** 2).mean()
+
+    def count_step(self) -> None:
+        """An engine that drives this workload finished one step."""
+        self._step += 1
+
+    def train_step(self) -> float:
+        inputs, targets = self.next_local_batch()
         self.optimizer.zero_grad(set_to_none=False)
-        local_loss = ((self.model(inputs) - self.targets[local]) ** 2).sum() / self.spec.global_batch
+        local_loss = ((self.model(inputs) - targets) ** 2).sum() / self.spec.global_batch
         local_loss.backward()
         grads = [p.grad for p in self.model.parameters()]
         flat = torch.cat([g.reshape(-1) for g in grads] + [local_loss.detach().reshape(1)])
@@ -160,18 +207,23 @@ class MLPWorkload(Workload):
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "step": self._step,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "data": {"epoch": self.epoch, "position": self.position},
-            "rng": self.rng.get_state(),
+            **self.progress_state(),
         }
+
+    def progress_state(self) -> dict[str, Any]:
+        return {"step": self._step, "data": {"epoch": self.epoch, "position": self.position},
+                "rng": self.rng.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self.load_progress_state(state)
+
+    def load_progress_state(self, state: dict[str, Any]) -> None:
         self.epoch, self.position = int(state["data"]["epoch"]), int(state["data"]["position"])
         self._permutation = self._epoch_permutation(self.epoch)
         self.rng.set_state(state["rng"])

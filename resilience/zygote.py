@@ -42,7 +42,27 @@ def _warm_up() -> None:
     workload.fingerprint()
 
 
+def _preload_deepspeed() -> None:
+    """Where DeepSpeed is installed, pay its import (seconds, much of it torch.compile's stack,
+    which its optimizer registry pulls in) and the load of its shared-memory comm op here, once."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        return
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import importlib
+    import sys
+
+    for module in ("deepspeed", "deepspeed.runtime.engine", "deepspeed.runtime.zero.stage_1_and_2",
+                   "deepspeed.runtime.zero.stage3", "deepspeed.runtime.zero.muon.muon_optimizer",
+                   "deepspeed.checkpoint", "deepspeed.utils", "resilience.strategies.deepspeed_zero"):
+        importlib.import_module(module)
+    sys.modules["deepspeed.comm.torch"].build_shm_op()
+
+
 _warm_up()
+_preload_deepspeed()
 
 
 def native_thread_count() -> int:

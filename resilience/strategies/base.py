@@ -24,7 +24,8 @@ class CheckpointStrategy(ABC):
     """A checkpoint system: saves a workload's state and restores it in a fresh job.
 
     Call order, in every rank process (``torch.distributed`` is initialised, gloo):
-      1. ``__init__(context)`` on every rank, once per process.
+      1. ``__init__(context)`` then ``prepare(workload)`` on every rank, once per process, in every
+         phase (the reference run and the oracle's continuation too, which never save or load).
       2. First run: ``save(workload, step)`` collectively on every rank after each checkpoint step.
          It returns once this rank considers the checkpoint saved; a checkpoint counts as complete
          when ``save`` has returned on every rank.
@@ -38,9 +39,23 @@ class CheckpointStrategy(ABC):
 
     #: option names a scenario may set under ``strategy.options``
     options: ClassVar[tuple[str, ...]] = ()
+    #: the allowed values of those options that take one of a fixed set
+    option_values: ClassVar[Mapping[str, tuple[Any, ...]]] = {}
 
     def __init__(self, context: StrategyContext):
         self.context = context
+
+    @classmethod
+    def trainer(cls, options: Mapping[str, Any]) -> str:
+        """Who computes the training steps: "" when the workload trains itself, otherwise a name
+        for the engine that wraps it (its reference runs are cached apart). Called in the harness,
+        so it must not import the engine."""
+        return ""
+
+    def prepare(self, workload: Workload) -> Workload:
+        """The workload the phase trains: ``workload`` itself, or a wrapper whose engine owns the
+        model and optimizer (collective when the engine's construction is)."""
+        return workload
 
     @abstractmethod
     def save(self, workload: Workload, step: int) -> None:

@@ -1,0 +1,216 @@
+"""DeepSpeed ZeRO stages 1, 2 and 3 as systems under test: the real engine trains the workload and
+writes and reads its own checkpoints (``save_checkpoint`` / ``load_checkpoint`` and the ``latest``
+tag file). Faults reach its files through the interception layer like anyone else's.
+
+DeepSpeed is an optional extra (``pip install 'resilience[deepspeed]'``); this module imports it
+only inside rank processes, so the harness and the scenario loader work without it.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib import metadata
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+
+from ..workload import TrainableWorkload, Workload
+from .base import CheckpointStrategy, StrategyContext
+
+UNIVERSAL_DIR = "universal"  # where the universal route writes its converted checkpoint
+RESTORE_ROUTES = ("native", "universal")
+ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
+CONVERT_TIMEOUT_S = 600
+
+
+def deepspeed_version() -> str | None:
+    try:
+        return metadata.version("deepspeed")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+class ZeroTrainedWorkload(Workload):
+    """A `TrainableWorkload` whose steps a DeepSpeed engine computes.
+
+    Its ``state_dict`` (what fingerprints and trusted snapshots see) is free of the topology: full
+    fp32 parameters and Adam moments assembled from the ZeRO partitions with DeepSpeed's
+    ``safe_get_full_*`` API, so a state compares bitwise across world sizes. ``state_dict`` and
+    ``load_state_dict`` are collective: every rank calls them together.
+    """
+
+    def __init__(self, inner: TrainableWorkload, engine: Any, stage: int):
+        super().__init__(inner.spec, inner.rank, inner.world_size)
+        self.inner, self.engine, self.stage = inner, engine, stage
+        self.rank_local_keys = inner.rank_local_keys
+        self._adam = engine.optimizer.optimizer  # the client optimizer, now over flat partitions
+
+    @property
+    def step(self) -> int:
+        return self.inner.step
+
+    def train_step(self) -> float:
+        inputs, targets = self.inner.next_local_batch()
+        loss = self.inner.local_loss(self.engine(inputs), targets)
+        self.engine.backward(loss)
+        self.engine.step()
+        self.inner.count_step()
+        total = loss.detach().clone().reshape(1)
+        dist.all_reduce(total)
+        return float(total[0]) / self.world_size
+
+    def _adam_step(self) -> float | None:
+        """Adam's step count, once its state exists; then the moments are reachable per parameter."""
+        steps = {float(state["step"]) for state in self._adam.state.values() if "step" in state}
+        if len(steps) != 1:
+            return None
+        # ZeRO 1/2 link each parameter to its slice of the moments lazily, in their next step, so
+        # right after load_checkpoint safe_get_full_optimizer_state fails (TypeError) until linked
+        link = getattr(self.engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)
+        if link is not None:
+            link()
+        return steps.pop()
+
+    def state_dict(self) -> dict[str, Any]:
+        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+        parameters = list(self.engine.module.named_parameters())
+        state = {**self.inner.progress_state(),
+                 "model": {name: safe_get_full_fp32_param(p).detach().clone() for name, p in parameters},
+                 "scheduler": self.inner.scheduler.state_dict(), "optimizer": {}}
+        adam_step = self._adam_step()
+        if adam_step is not None:  # Adam creates its moments at the first step
+            state["optimizer"] = {key: {name: safe_get_full_optimizer_state(p, key).detach().clone()
+                                        for name, p in parameters} for key in ADAM_MOMENTS}
+            state["optimizer"]["step"] = adam_step
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The trusted restore of a reference snapshot, through DeepSpeed's public parameter API
+        only: never through a DeepSpeed checkpoint, which is what is under test."""
+        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+        if state["optimizer"] and self._adam_step() is None:
+            self.train_step()  # Adam and ZeRO create their state tensors; everything is overwritten below
+        for name, parameter in self.engine.module.named_parameters():
+            value = state["model"][name]
+            safe_set_full_fp32_param(parameter, value)
+            self._set_module_parameter(parameter, value)
+            for key in ADAM_MOMENTS if state["optimizer"] else ():
+                safe_set_full_optimizer_state(parameter, state["optimizer"][key][name], key)
+        if state["optimizer"]:
+            for adam_state in self._adam.state.values():
+                adam_state["step"].fill_(state["optimizer"]["step"])
+        self.inner.scheduler.load_state_dict(state["scheduler"])
+        for group, lr in zip(self._adam.param_groups, self.inner.scheduler.get_last_lr()):
+            group["lr"] = lr
+        self.inner.load_progress_state(state)
+        self.engine.global_steps = self.inner.step
+        self.engine.global_samples = self.inner.step * self.engine.train_batch_size()
+
+    def _set_module_parameter(self, parameter: torch.nn.Parameter, value: torch.Tensor) -> None:
+        """The copy the forward pass reads (ZeRO-3 keeps only a partition of it on each rank)."""
+        if self.stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([parameter], modifier_rank=0):
+                if self.rank == 0:
+                    parameter.data.copy_(value)
+        else:
+            parameter.data.copy_(value)
+
+
+class ZeroCheckpoint(CheckpointStrategy):
+    """``engine.save_checkpoint(dir, tag="global_stepN", client_state=...)`` on every rank after a
+    checkpoint step, and ``engine.load_checkpoint(dir)`` at restart, which follows ``latest``.
+
+    The workload's step, data position and randomness travel as DeepSpeed client state. Options:
+    ``restore: native`` (default) loads the checkpoint as saved, which needs the same data-parallel
+    size; ``restore: universal`` converts it first with ``deepspeed.checkpoint.ds_to_universal``
+    (rank 0, under ``<checkpoint_dir>/universal``) and loads that with ``load_universal``, the
+    route DeepSpeed offers for a changed topology.
+    """
+
+    stage: ClassVar[int] = 0
+    options = ("restore",)
+    option_values: ClassVar[Mapping[str, tuple[str, ...]]] = {"restore": RESTORE_ROUTES}
+
+    def __init__(self, context: StrategyContext):
+        super().__init__(context)
+        self.restore = context.options.get("restore", "native")  # validated by the loader
+        self.workload: ZeroTrainedWorkload | None = None
+
+    @classmethod
+    def trainer(cls, options: Mapping[str, Any]) -> str:
+        return f"deepspeed-{deepspeed_version()}-zero{cls.stage}"
+
+    def prepare(self, workload: Workload) -> Workload:
+        if not isinstance(workload, TrainableWorkload):
+            raise TypeError(f"DeepSpeed trains a TrainableWorkload; {type(workload).__name__} is not one")
+        context = self.context
+        for name, value in (("RANK", context.rank), ("LOCAL_RANK", context.rank),
+                            ("WORLD_SIZE", context.world_size), ("LOCAL_WORLD_SIZE", context.world_size)):
+            os.environ[name] = str(value)
+        import deepspeed
+
+        spec = workload.spec
+        config = {
+            "train_batch_size": spec.global_batch,
+            "train_micro_batch_size_per_gpu": spec.global_batch // context.world_size,
+            "gradient_accumulation_steps": 1,
+            "zero_optimization": {"stage": self.stage},
+            "steps_per_print": 1 << 30,
+            "checkpoint": {"load_universal": self.restore == "universal" and context.previous_rank is not None},
+        }
+        engine, _, _, _ = deepspeed.initialize(model=workload.model, optimizer=workload.optimizer,
+                                               lr_scheduler=workload.scheduler, config=config,
+                                               dist_init_required=False)
+        self.workload = ZeroTrainedWorkload(workload, engine, self.stage)
+        return self.workload
+
+    def save(self, workload: Workload, step: int) -> None:
+        self.workload.engine.save_checkpoint(str(self.context.checkpoint_dir), tag=f"global_step{step}",
+                                             client_state={"progress": self.workload.inner.progress_state()})
+
+    def load(self, workload: Workload) -> None:
+        load_dir = self.context.checkpoint_dir
+        if self.restore == "universal":
+            load_dir = self._convert_to_universal()
+        path, client_state = self.workload.engine.load_checkpoint(str(load_dir))
+        if path is None:  # DeepSpeed found no checkpoint (it only warns): training starts over
+            return
+        self.workload.inner.load_progress_state(client_state["progress"])
+
+    def _convert_to_universal(self):
+        """Rank 0 converts the checkpoint ``latest`` names; the others wait for it."""
+        source = self.context.checkpoint_dir
+        target = source / UNIVERSAL_DIR
+        if self.context.rank == 0:
+            latest = source / "latest"
+            if latest.exists():
+                tag = latest.read_text().strip()
+                command = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+                           "--input_folder", str(source / tag), "--output_folder", str(target / tag),
+                           "--inject_missing_state", "--num_extract_workers", "1", "--num_merge_workers", "1"]
+                done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S)
+                if done.returncode:
+                    raise RuntimeError(f"ds_to_universal failed with exit status {done.returncode}: "
+                                       f"{(done.stdout + done.stderr)[-2000:]}")
+                (target / "latest").write_text(tag)
+        dist.barrier()
+        return target
+
+
+class Zero1(ZeroCheckpoint):
+    stage = 1
+
+
+class Zero2(ZeroCheckpoint):
+    stage = 2
+
+
+class Zero3(ZeroCheckpoint):
+    stage = 3
