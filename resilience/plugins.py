@@ -19,6 +19,8 @@ FAULTS = {
     "kill": "resilience.faults.kill:Kill",
     "disk_full": "resilience.faults.disk_full:DiskFull",
     "stall": "resilience.faults.stall:Stall",
+    "partition": "resilience.faults.network:Partition",
+    "throttle": "resilience.faults.network:Throttle",
 }
 WORKLOADS = {
     "mlp": "resilience.workload:MLPWorkload",

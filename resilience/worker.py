@@ -69,7 +69,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
         Interceptor(checkpoint_dir, [fault]).install()
     if fault:
         fault.arm(RankEnvironment(rank=rank, world_size=plan.world_size, checkpoint_dir=checkpoint_dir,
-                                  clock=clock, emit=events.emit))
+                                  clock=clock, emit=events.emit, case_dir=Path(plan.case_file).parent))
 
     store = dist.FileStore(plan.store_path, plan.world_size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=plan.world_size,

@@ -41,6 +41,7 @@ class RankEnvironment:
     checkpoint_dir: Path
     clock: Clock
     emit: Callable[..., None] = field(repr=False)  # emit(event_name, **fields) into the rank's event log
+    case_dir: Path | None = None  # CaseEnvironment.case_dir: what the harness side left for the ranks
 
 
 class Fault:
