@@ -19,7 +19,7 @@ class PhasePlan:
     start: str  # "fresh", "strategy" (strategy.load) or "snapshot" (trusted reference snapshot)
     save: bool  # call strategy.save after each checkpoint step
     inject: bool  # arm the case's fault
-    record_states: bool  # emit the state fingerprint at step 0 and at each checkpoint step
+    record_states: bool  # emit the state fingerprint at step 0 and after every step
     snapshot_dir: str | None  # reference: where to write trusted snapshots; continuation: where to read
     snapshot_step: int | None  # continuation: the step to start from
     rank_map: tuple[int, ...]

@@ -21,6 +21,7 @@ FAULTS = {
     "stall": "resilience.faults.stall:Stall",
     "partition": "resilience.faults.network:Partition",
     "throttle": "resilience.faults.network:Throttle",
+    "preempt": "resilience.faults.preempt:Preempt",
 }
 WORKLOADS = {
     "mlp": "resilience.workload:MLPWorkload",

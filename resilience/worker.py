@@ -55,6 +55,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     from .faults.base import Clock, RankEnvironment
     from .interception import Interceptor
     from .loader import parse_case
+    from .preemption import EMERGENCY_PHASE, EmergencySave, wanted_by
     from .strategies.base import StrategyContext
 
     torch.set_num_threads(1)  # reductions over several threads change the bits of a sum
@@ -94,7 +95,17 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
         workload.save_reference_snapshot(snapshots / f"step_{workload.step}")
 
     every = case.workload.checkpoint_every
+    emergency = EmergencySave(events.emit) if plan.save and wanted_by(strategy) else None
+    saved_step = workload.step if plan.start == "strategy" else None
+
+    def emergency_save() -> None:
+        clock.phase = EMERGENCY_PHASE
+        strategy.save(workload, workload.step)
+        clock.phase = "idle"
+
     while workload.step < case.workload.steps:
+        if emergency is not None and emergency.requested():  # between steps, agreed by every rank
+            emergency.stop(workload.step, None if saved_step == workload.step else emergency_save)
         step = workload.step + 1
         clock.phase, clock.step = "train", step
         if fault:
@@ -102,12 +113,12 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
         loss = workload.train_step()
         clock.phase = "idle"
         events.emit("loss", step=step, loss=loss)
+        if plan.record_states:  # every step: an emergency save (on SIGTERM) may restore any of them
+            events.emit("state", step=step, fingerprint=workload.fingerprint())
         if step % every:
             continue
-        if plan.record_states:
-            events.emit("state", step=step, fingerprint=workload.fingerprint())
-            if snapshots is not None:
-                workload.save_reference_snapshot(snapshots / f"step_{step}")
+        if plan.record_states and snapshots is not None:
+            workload.save_reference_snapshot(snapshots / f"step_{step}")
         if plan.save:
             clock.phase = "save"
             events.emit("save_begin", step=step)
@@ -116,6 +127,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
             strategy.save(workload, step)
             clock.phase = "idle"
             events.emit("save_returned", step=step)
+            saved_step = step
     dist.barrier()
     events.emit("done", step=workload.step, peak_rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     dist.destroy_process_group()

@@ -4,11 +4,15 @@ Layout: ``<dir>/step_<NNNNNNNN>/model_optim.pt`` (rank 0 only) or ``.../ckpt_ran
 rank). Restore picks the newest step directory by name and loads it without any validation and
 without trying an older one: what the seed's code does. A torn newest file therefore fails loudly at
 restore, and a step directory that is complete for some ranks only is used anyway.
+
+Option ``save_on_sigterm: true``: an emergency save of the current step when SIGTERM arrives
+(`resilience.preemption`), as training scripts on preemptible clusters add; off by default, as in the seed.
 """
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -37,6 +41,8 @@ class RankZeroSave(CheckpointStrategy):
     """
 
     file_name = "model_optim.pt"
+    options = ("save_on_sigterm",)
+    option_values: ClassVar[dict[str, tuple[bool, ...]]] = {"save_on_sigterm": (True, False)}
 
     def save(self, workload: Workload, step: int) -> None:
         if self.context.rank == 0:
@@ -54,6 +60,9 @@ class RankZeroSave(CheckpointStrategy):
 
 class PerRankSave(CheckpointStrategy):
     """Every rank saves ``ckpt_rank_<r>.pt`` and loads its own file back by rank, then a barrier."""
+
+    options = ("save_on_sigterm",)
+    option_values: ClassVar[dict[str, tuple[bool, ...]]] = {"save_on_sigterm": (True, False)}
 
     def save(self, workload: Workload, step: int) -> None:
         directory = step_dir(self.context.checkpoint_dir, step)
