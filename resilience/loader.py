@@ -381,6 +381,11 @@ class _Validator:
             if allowed is float:
                 value = self.required(f"fault.{key}", doc.get(key, default))
                 params[key] = self.number(f"fault.{key}", value, 0)
+            elif allowed is str:  # an optional glob or name
+                value = doc.get(key, default)
+                if value is not None and (not isinstance(value, str) or not value.strip()):
+                    raise self.error(f"fault.{key}", "must be a non-empty string", value, "a file name or glob")
+                params[key] = value
             else:
                 params[key] = self.choice(f"fault.{key}", doc.get(key, default), allowed)
         trigger = self.trigger(doc, workload, cls) if cls.needs_trigger else None
@@ -404,7 +409,8 @@ class _Validator:
             if after_bytes is None:
                 raise self.error("fault.after_bytes", "must be a byte offset", doc.get("after_bytes"),
                                  "an integer >= 0 or a size such as 4KiB")
-        default_point = "write" if after_bytes is not None else cls.points[phase][0]
+        default_point = ("write" if after_bytes is not None and "write" in cls.points[phase]
+                         else cls.points[phase][0])
         point = self.choice("fault.point", doc.get("point", default_point), cls.points[phase])
         if point == "write" and after_bytes is None and "write" in cls.byte_points:
             raise self.error("fault.after_bytes", "missing: point 'write' needs a byte offset")

@@ -8,10 +8,13 @@ from __future__ import annotations
 import os
 import signal
 import time
+from fnmatch import fnmatchcase
 from typing import Any
 
 from ..interception import InterceptedFile
 from .base import Fault
+
+AWAIT_S = 30.0
 
 
 class Kill(Fault):
@@ -22,9 +25,21 @@ class Kill(Fault):
     - ``write``: once ``after_bytes`` bytes of that file are written (exactly that many stay);
     - ``fsync``: just before fsync of that file;
     - ``close``: just after that file is complete and closed, before the save returns (between files).
+
+    ``once_written`` (a glob under the checkpoint directory) delays the kill at the trigger point
+    until some rank has created or changed a matching file during this save, e.g. DeepSpeed's
+    ``latest``, which rank 0 writes without waiting for the other ranks' shards: the rank then
+    dies with the pointer already naming its torn save. It waits at most ``AWAIT_S``; a file that
+    never changes means the fault never fires, and the case fails saying so.
     """
 
     kind = "kill"
+    params = {"once_written": (str, None)}
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self._before_save: dict[str, tuple[int, int, int]] = {}
+        self._awaited: str | None = None  # the awaited file once written; "" if it never was
 
     def needs_interception(self) -> bool:
         return self.trigger.point in ("open", "write", "fsync", "close")
@@ -33,6 +48,8 @@ class Kill(Fault):
         return self.needs_interception() and self.in_trigger_window() and self.path_matches(relative)
 
     def at(self, phase: str, step: int) -> None:
+        if self.spec.params.get("once_written") and self.in_trigger_window():
+            self._before_save = self._awaited_files()
         if self.trigger.point == "start" and self.in_trigger_window():
             self._kill(None)
 
@@ -42,6 +59,8 @@ class Kill(Fault):
 
     def on_write(self, file: InterceptedFile, data: Any, nbytes: int) -> None:
         if not self._armed_for(file, "write") or file.offset + nbytes <= self.trigger.after_bytes:
+            return
+        if not self._ready():
             return
         keep = self.trigger.after_bytes - file.offset
         if keep > 0:
@@ -59,10 +78,44 @@ class Kill(Fault):
     def _armed_for(self, file: InterceptedFile, point: str) -> bool:
         return self.trigger.point == point and self.in_trigger_window() and self.file_matches(file)
 
+    def _ready(self) -> bool:
+        """Whether the awaited file (if any) was written; decided once, where the kill would be."""
+        if self.spec.params.get("once_written") and self._awaited is None:
+            self._awaited = self._await_written() or ""
+            if not self._awaited:
+                self.env.emit("fault_waiting", kind=self.spec.kind, gave_up_after_s=AWAIT_S,
+                              once_written=self.spec.params["once_written"])
+        return self._awaited != ""
+
+    def _awaited_files(self) -> dict[str, tuple[int, int, int]]:
+        root = self.env.checkpoint_dir
+        found = {}
+        for path in root.rglob("*"):
+            relative = path.relative_to(root).as_posix()
+            if fnmatchcase(relative, self.spec.params["once_written"]):
+                try:
+                    stat = path.stat()
+                except FileNotFoundError:
+                    continue
+                found[relative] = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        return found
+
+    def _await_written(self) -> str | None:
+        """The matching file some rank wrote during this save, once there is one; None after AWAIT_S."""
+        deadline = time.monotonic() + AWAIT_S
+        while time.monotonic() < deadline:
+            for relative, identity in self._awaited_files().items():
+                if self._before_save.get(relative) != identity:
+                    return relative
+            time.sleep(0.01)
+        return None
+
     def _kill(self, file: InterceptedFile | None, flushed: bool = False) -> None:
         if file is not None and not flushed:
             file.flush_to_os()
+        if not self._ready():
+            return
         self.fired(point=self.trigger.point, file=file.relative if file else None,
-                   offset=file.offset if file else None, ends_process=True)
+                   offset=file.offset if file else None, ends_process=True, awaited=self._awaited)
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(3600)  # SIGKILL is not deliverable late; this only keeps the code honest

@@ -88,6 +88,16 @@ class ZeroTrainedWorkload(Workload):
             state["optimizer"]["step"] = adam_step
         return state
 
+    def load_reference_snapshot(self, directory) -> None:
+        # as Workload's, but a rank new to the job keeps its rank-local state without calling the
+        # collective state_dict() alone
+        state = torch.load(directory / "rank_0.pt", weights_only=True)
+        own_path = directory / f"rank_{self.rank}.pt"
+        own = torch.load(own_path, weights_only=True) if own_path.exists() else self.inner.progress_state()
+        for key in self.rank_local_keys:
+            state[key] = own[key]
+        self.load_state_dict(state)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The trusted restore of a reference snapshot, through DeepSpeed's public parameter API
         only: never through a DeepSpeed checkpoint, which is what is under test."""
@@ -97,10 +107,10 @@ class ZeroTrainedWorkload(Workload):
             self.train_step()  # Adam and ZeRO create their state tensors; everything is overwritten below
         for name, parameter in self.engine.module.named_parameters():
             value = state["model"][name]
-            safe_set_full_fp32_param(parameter, value)
+            self._set_full(parameter, value, None, safe_set_full_fp32_param)
             self._set_module_parameter(parameter, value)
             for key in ADAM_MOMENTS if state["optimizer"] else ():
-                safe_set_full_optimizer_state(parameter, state["optimizer"][key][name], key)
+                self._set_full(parameter, state["optimizer"][key][name], key, safe_set_full_optimizer_state)
         if state["optimizer"]:
             for adam_state in self._adam.state.values():
                 adam_state["step"].fill_(state["optimizer"]["step"])
@@ -110,6 +120,24 @@ class ZeroTrainedWorkload(Workload):
         self.inner.load_progress_state(state)
         self.engine.global_steps = self.inner.step
         self.engine.global_samples = self.inner.step * self.engine.train_batch_size()
+
+    def _set_full(self, parameter, value: torch.Tensor, key: str | None, set_full) -> None:
+        """safe_set_full_* for one parameter. ZeRO-3's narrows the value at partition * rank without
+        the padding its partitions have, so a parameter whose size the world size does not divide
+        fails ("start (1) + length (1) exceeds dimension size (1)"): set this rank's padded slice."""
+        if self.stage != 3:
+            set_full(parameter, value) if key is None else set_full(parameter, value, key)
+            return
+        from deepspeed.utils import safe_set_local_fp32_param, safe_set_local_optimizer_state
+
+        size = parameter.ds_tensor.numel()
+        padded = torch.zeros(size * self.world_size, dtype=value.dtype)
+        padded[:value.numel()] = value.reshape(-1)
+        local = padded.narrow(0, size * self.rank, size)
+        if key is None:
+            safe_set_local_fp32_param(parameter, local)
+        else:
+            safe_set_local_optimizer_state(parameter, local, key)
 
     def _set_module_parameter(self, parameter: torch.nn.Parameter, value: torch.Tensor) -> None:
         """The copy the forward pass reads (ZeRO-3 keeps only a partition of it on each rank)."""
