@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from .backend import BACKENDS, DEFAULT_BACKEND
-from .errors import ResilienceError
+from .errors import ResilienceError, Unavailable
 from .harness import Harness
 from .loader import is_scenario_file, load_file
 from .outcome import judge_case
@@ -55,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             try:
                 result = harness.run(case)
+            except Unavailable as exc:
+                print(f"SKIPPED {case.source}[{case.id}]: {exc}", flush=True)
+                failures += os.environ.get("CI") == "true"  # as under pytest: a missing install must not hide
+                continue
             except ResilienceError as exc:
                 print(f"ERROR {case.source}[{case.id}]: {exc}", flush=True)
                 failures += 1

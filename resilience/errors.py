@@ -29,3 +29,12 @@ class PluginError(ResilienceError):
 
 class HarnessError(ResilienceError):
     """The harness itself could not run a case (not a verdict about the system under test)."""
+
+
+class Unavailable(ResilienceError):
+    """This machine lacks what a case needs (root for a mount, an optional library): the case is
+    skipped with this reason, which ``CI=true`` turns into a failure."""
+
+
+class StrategyUnavailable(Unavailable):
+    """The strategy's library is not installed."""

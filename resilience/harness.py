@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import plugins
 from .backend import BACKENDS, DEFAULT_BACKEND, ProcessBackend
-from .errors import HarnessError
+from .errors import HarnessError, StrategyUnavailable
 from .faults.base import CaseEnvironment
 from .phases import CONTINUATION, FIRST_RUN, REFERENCE, RESTART, PhasePlan
 from .reference_cache import ReferenceCache, reference_key
@@ -99,6 +99,9 @@ class Harness:
         self.work_root, self.keep, self.cache = work_root, keep, cache
 
     def run(self, case: Case) -> CaseResult:
+        missing = plugins.resolve("strategy", case.strategy.name).missing()
+        if missing:
+            raise StrategyUnavailable(f"strategy {case.strategy.name} needs {missing}")
         if self.work_root is not None:
             self.work_root.mkdir(parents=True, exist_ok=True)
         work_dir = Path(tempfile.mkdtemp(prefix="resilience-", dir=self.work_root))

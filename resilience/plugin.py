@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from .backend import BACKENDS, DEFAULT_BACKEND
-from .errors import HarnessError, ScenarioError
+from .errors import HarnessError, ScenarioError, Unavailable
 from .faults.base import FaultUnavailable
 from .harness import CaseResult, Harness
 from .loader import is_scenario_file, load_file
@@ -104,6 +104,8 @@ class ScenarioItem(pytest.Item):
             self.result = harness.run(self.case)
         except FaultUnavailable as exc:
             pytest.skip(f"fault {self.case.fault.kind} unavailable here: {exc}")
+        except Unavailable as exc:
+            pytest.skip(str(exc))
         self._attach_logs(self.result)
         outcome = judge_case(self.result)
         self.user_properties.append(("verdict", self.result.verdict.kind.value))

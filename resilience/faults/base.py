@@ -6,12 +6,12 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from ..errors import ResilienceError
+from ..errors import Unavailable
 from ..interception import InterceptedFile
 from ..scenario import Case, FaultSpec, Trigger
 
 
-class FaultUnavailable(ResilienceError):
+class FaultUnavailable(Unavailable):
     """This machine cannot inject the fault (for example: mounting needs root). The case is skipped."""
 
 

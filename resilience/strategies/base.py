@@ -41,6 +41,19 @@ class CheckpointStrategy(ABC):
     options: ClassVar[tuple[str, ...]] = ()
     #: the allowed values of those options that take one of a fixed set
     option_values: ClassVar[Mapping[str, tuple[Any, ...]]] = {}
+    #: top-level modules the strategy imports in the ranks, and how to install them
+    requires: ClassVar[Mapping[str, str]] = {}
+
+    @classmethod
+    def missing(cls) -> str | None:
+        """Why this strategy cannot run on this machine, or None. Called in the harness: it finds
+        modules without importing them."""
+        import importlib.util
+
+        for module, install in cls.requires.items():
+            if importlib.util.find_spec(module) is None:
+                return f"{module} is not installed ({install})"
+        return None
 
     def __init__(self, context: StrategyContext):
         self.context = context

@@ -164,6 +164,7 @@ class ZeroCheckpoint(CheckpointStrategy):
 
     stage: ClassVar[int] = 0
     options = ("restore",)
+    requires = {"deepspeed": "DS_BUILD_OPS=0 pip install 'resilience[deepspeed]'"}
     option_values: ClassVar[Mapping[str, tuple[str, ...]]] = {"restore": RESTORE_ROUTES}
 
     def __init__(self, context: StrategyContext):
