@@ -164,3 +164,10 @@ def test_preempt_defaults_and_after_bytes_at_the_start():
     case = load_document(variant(changes, base=PREEMPT_BASE), "x.scenario.yaml").cases[0]
     assert case.fault.params == {"ranks": "all", "grace": 30.0}  # Kubernetes' default grace period
     assert (case.fault.trigger.point, case.fault.trigger.after_bytes) == ("start", 4096)
+
+
+def test_after_bytes_alone_means_the_only_point_start():
+    from resilience.loader import load_document
+
+    case = load_document(variant({"fault.after_bytes": 4096}, base=PREEMPT_BASE), "x.scenario.yaml").cases[0]
+    assert (case.fault.trigger.point, case.fault.trigger.after_bytes) == ("start", 4096)
