@@ -9,8 +9,12 @@ from abc import ABC, abstractmethod
 from multiprocessing import context as mp_context
 from multiprocessing import popen_forkserver, spawn
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .phases import PhasePlan
+
+if TYPE_CHECKING:
+    from .interpreters import Interpreter
 
 
 class RankProcess(ABC):
@@ -89,14 +93,20 @@ class _PopenRank(RankProcess):
 
 
 class SpawnBackend(ProcessBackend):
-    """A fresh Python interpreter per rank (``python -m resilience.worker``): slow to start, simple."""
+    """A fresh Python interpreter per rank (``python -m resilience.worker``): slow to start, simple.
+    ``interpreter`` runs the ranks under another Python or with packages layered first on the path."""
+
+    def __init__(self, interpreter: "Interpreter | None" = None):
+        self.interpreter = interpreter
 
     def start_rank(self, plan: PhasePlan, plan_path: Path, rank: int) -> RankProcess:
         out_path, err_path = plan.log_paths(rank)
+        python = self.interpreter.python if self.interpreter else sys.executable
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "resilience.worker", str(plan_path), str(rank)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=rank_environment(), start_new_session=True)
+                [python, "-m", "resilience.worker", str(plan_path), str(rank)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=rank_environment(self.interpreter),
+                start_new_session=True)
         return _PopenRank(rank, popen)
 
 
@@ -172,13 +182,18 @@ class ForkServerBackend(ProcessBackend):
         return _ForkedRank(rank, process)
 
 
-def rank_environment() -> dict[str, str]:
-    """Single-threaded, loopback-only ranks that import what the harness imports."""
+def rank_environment(interpreter: "Interpreter | None" = None) -> dict[str, str]:
+    """Single-threaded, loopback-only ranks that import what the harness imports (a foreign
+    interpreter: only this project and the working directory, the rest from its own environment)."""
+    from .interpreters import PROJECT_ROOT
+
+    inherited = [p for p in sys.path if p] if interpreter is None or interpreter.inherit_path else []
+    prefix = list(interpreter.path_prefix) if interpreter else []
     env = dict(os.environ)
     env.update({
         "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
         "GLOO_SOCKET_IFNAME": "lo", "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join([os.getcwd()] + [p for p in sys.path if p]),
+        "PYTHONPATH": os.pathsep.join(prefix + [os.getcwd(), str(PROJECT_ROOT)] + inherited),
     })
     return env
 

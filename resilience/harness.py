@@ -16,9 +16,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import plugins
-from .backend import BACKENDS, DEFAULT_BACKEND, ProcessBackend
+from .backend import BACKENDS, DEFAULT_BACKEND, ProcessBackend, SpawnBackend
 from .errors import HarnessError, StrategyUnavailable
 from .faults.base import CaseEnvironment
+from .interpreters import for_restart
 from .phases import CONTINUATION, FIRST_RUN, REFERENCE, RESTART, PhasePlan
 from .reference_cache import ReferenceCache, reference_key
 from .scenario import Case
@@ -128,7 +129,8 @@ class Harness:
                                       supervisor=fault if fault.supervises else None))
             fault.heal(env)
             restart = self._phase(plan.make(RESTART, case.restart.world_size, "strategy", save=True,
-                                            rank_map=case.restart.rank_map), case)
+                                            rank_map=case.restart.rank_map), case,
+                                  backend=self._restart_backend(case))
             phases.append(restart)
             restored = restart.restored()
             if case.topology_changes and 0 in restored and snapshots is not None:
@@ -163,14 +165,22 @@ class Harness:
         result = _collect(stored, "completed", [0] * stored.world_size, 0.0)
         return result, entry / "snapshots" if keep_snapshots else None
 
-    def _phase(self, plan: PhasePlan, case: Case, supervisor=None) -> PhaseResult:
+    @staticmethod
+    def _restart_backend(case: Case) -> ProcessBackend | None:
+        """Another interpreter or layered packages for the restart (an upgrade to qualify): its
+        ranks are spawned, since the forkserver holds this environment's modules."""
+        interpreter = for_restart(case.restart.python, case.restart.packages, case.source)
+        return SpawnBackend(interpreter) if interpreter else None
+
+    def _phase(self, plan: PhasePlan, case: Case, supervisor=None,
+               backend: ProcessBackend | None = None) -> PhaseResult:
         phase_dir = Path(plan.phase_dir)
         phase_dir.mkdir(parents=True)
         plan_path = phase_dir / "plan.json"
         plan.write(plan_path)
         started = time.monotonic()
         deadline = started + case.timeouts.phase_s
-        ranks = self.backend.start(plan, plan_path)
+        ranks = (backend or self.backend).start(plan, plan_path)
         status, codes, stopped = "completed", [None] * len(ranks), set()
         try:
             while True:

@@ -26,7 +26,8 @@ TOP_KEYS = ("name", "description", "strategy", "workload", "fault", "restart", "
 WORKLOAD_KEYS = ("model", "world_size", "steps", "checkpoint_every", "seed", "global_batch", "size",
                  "rank_rng", "options")
 TRIGGER_KEYS = ("rank", "step", "phase", "point", "file", "after_bytes")
-RESTART_KEYS = ("world_size", "rank_map")
+RESTART_KEYS = ("world_size", "rank_map", "python", "packages")
+REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_,.-]+\])?(\s*(==|>=|<=|~=|!=|<|>)\s*[A-Za-z0-9.*+!_-]+)*$")
 EXPECT_KEYS = ("outcome", "error", "fallback_ok")
 KNOWN_ISSUE_KEYS = ("reason", "link", "verdict")
 TIMEOUT_KEYS = ("collective", "phase")
@@ -443,7 +444,17 @@ class _Validator:
         if world_size != workload.world_size and mapping != tuple(range(world_size)):
             raise self.error("restart.rank_map", "a permuted rank map needs the same world size at restart",
                              rank_map, "identity")
-        return RestartSpec(world_size=world_size, rank_map=mapping)
+        python, packages = doc.get("python"), doc.get("packages", [])
+        if python is not None and (not isinstance(python, str) or not python.strip()):
+            raise self.error("restart.python", "must be the path of a Python interpreter", python,
+                             "a path such as /opt/venv-old/bin/python")
+        if not isinstance(packages, list) or not all(isinstance(r, str) and REQUIREMENT.match(r) for r in packages):
+            raise self.error("restart.packages", "must be a list of pip requirements", packages,
+                             "e.g. [deepspeed==0.17.6]")
+        if python is not None and packages:
+            raise self.error("restart.packages", "give python or packages, not both", packages,
+                             "packages layered over this environment, or another interpreter")
+        return RestartSpec(world_size=world_size, rank_map=mapping, python=python, packages=tuple(packages))
 
     def expect(self, value: Any) -> Expect:
         allowed = [o.value for o in Outcome]

@@ -67,6 +67,8 @@ class FaultSpec:
 class RestartSpec:
     world_size: int
     rank_map: tuple[int, ...]  # rank_map[new_rank] = the rank whose place the new rank takes
+    python: str | None = None  # the restart runs under this interpreter (another environment)
+    packages: tuple[str, ...] = ()  # or under this one with these requirements layered over it
 
 
 @dataclass(frozen=True)

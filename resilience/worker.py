@@ -72,10 +72,18 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
         fault.arm(RankEnvironment(rank=rank, world_size=plan.world_size, checkpoint_dir=checkpoint_dir,
                                   clock=clock, emit=events.emit, case_dir=Path(plan.case_file).parent))
 
+    if fault and fault.reaches_helpers():
+        from .helper_hook import expose
+
+        clock.publish_to = Path(plan.phase_dir) / f"rank{rank}.clock"
+        clock.phase = clock.phase  # published from now on
+        expose(rank=rank, world_size=plan.world_size, case_file=Path(plan.case_file), checkpoint_dir=checkpoint_dir,
+               events_path=plan.events_path(rank), clock_path=clock.publish_to)
+
     store = dist.FileStore(plan.store_path, plan.world_size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=plan.world_size,
                             timeout=timedelta(seconds=plan.collective_timeout_s))
-    events.emit("joined", world_size=plan.world_size)
+    events.emit("joined", world_size=plan.world_size, versions=_versions())
     context = StrategyContext(checkpoint_dir=checkpoint_dir, rank=rank, world_size=plan.world_size,
                               previous_rank=plan.rank_map[rank] if plan.start == "strategy" else None,
                               options=dict(case.strategy.options))
@@ -131,6 +139,21 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     dist.barrier()
     events.emit("done", step=workload.step, peak_rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     dist.destroy_process_group()
+
+
+def _versions() -> dict[str, str | None]:
+    """What this rank runs with: a restart may run under another interpreter or other packages."""
+    from importlib import metadata
+
+    import torch
+
+    versions = {"python": sys.version.split()[0], "torch": torch.__version__}
+    for package in ("deepspeed",):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return versions
 
 
 def exception_chain(exc: BaseException) -> list[str]:

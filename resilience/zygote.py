@@ -44,7 +44,7 @@ def _warm_up() -> None:
 
 def _preload_deepspeed() -> None:
     """Where DeepSpeed is installed, pay its import (seconds, much of it torch.compile's stack,
-    which its optimizer registry pulls in) and the load of its shared-memory comm op here, once."""
+    which its optimizer registry pulls in) here, once."""
     import importlib.util
 
     if importlib.util.find_spec("deepspeed") is None:
@@ -52,13 +52,11 @@ def _preload_deepspeed() -> None:
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import importlib
-    import sys
 
     for module in ("deepspeed", "deepspeed.runtime.engine", "deepspeed.runtime.zero.stage_1_and_2",
                    "deepspeed.runtime.zero.stage3", "deepspeed.runtime.zero.muon.muon_optimizer",
                    "deepspeed.checkpoint", "deepspeed.utils", "resilience.strategies.deepspeed_zero"):
         importlib.import_module(module)
-    sys.modules["deepspeed.comm.torch"].build_shm_op()
 
 
 _warm_up()

@@ -1,6 +1,7 @@
 """The contract every fault implements, on the harness side and inside the rank processes."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -17,10 +18,44 @@ class FaultUnavailable(Unavailable):
 
 @dataclass
 class Clock:
-    """Where a rank is: maintained by the worker, read by faults to decide whether they fire."""
+    """Where a rank is: maintained by the worker, read by faults to decide whether they fire.
+
+    With ``publish_to`` set, every change is also written to that file, for the helper processes
+    the rank's libraries start (they see it through `FollowedClock`)."""
 
     phase: str = "idle"  # "train", "save" or "idle"
     step: int = 0
+    publish_to: Path | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        target = self.__dict__.get("publish_to")
+        if name in ("phase", "step") and target is not None and "step" in self.__dict__:
+            staging = target.with_name(target.name + ".tmp")
+            staging.write_text(f"{self.phase} {self.step}")
+            os.replace(staging, target)  # a reader sees the old or the new clock, never half
+
+
+class FollowedClock:
+    """A rank's published `Clock`, read from a helper process the rank started."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def _read(self) -> tuple[str, int]:
+        try:
+            phase, step = self.path.read_text().split()
+            return phase, int(step)
+        except (FileNotFoundError, ValueError):
+            return "idle", 0
+
+    @property
+    def phase(self) -> str:
+        return self._read()[0]
+
+    @property
+    def step(self) -> int:
+        return self._read()[1]
 
 
 @dataclass(frozen=True)
@@ -42,6 +77,7 @@ class RankEnvironment:
     clock: Clock
     emit: Callable[..., None] = field(repr=False)  # emit(event_name, **fields) into the rank's event log
     case_dir: Path | None = None  # CaseEnvironment.case_dir: what the harness side left for the ranks
+    process: str = "rank"  # or "helper": a process the rank's libraries started (see helper_hook)
 
 
 class Fault:
@@ -82,6 +118,12 @@ class Fault:
 
     def needs_interception(self) -> bool:
         """Whether the rank must route checkpoint writes through the interception layer."""
+        return False
+
+    def reaches_helpers(self) -> bool:
+        """Whether the fault acts in the processes a rank's libraries start on their own (a
+        checkpoint writer started with the spawn method): then it is armed there too, through a
+        startup hook, with ``env.process == "helper"``."""
         return False
 
     # -- harness side ---------------------------------------------------------------------------

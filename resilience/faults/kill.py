@@ -31,10 +31,22 @@ class Kill(Fault):
     ``latest``, which rank 0 writes without waiting for the other ranks' shards: the rank then
     dies with the pointer already naming its torn save. It waits at most ``AWAIT_S``; a file that
     never changes means the fault never fires, and the case fails saying so.
+
+    ``process: helper`` kills, instead of the rank, a process the rank's library started to write
+    for it (DeepSpeed's decoupled checkpoint writer): the file trigger applies to that process's
+    writes, and the rank lives on to find out.
     """
 
     kind = "kill"
-    params = {"once_written": (str, None)}
+    params = {"once_written": (str, None), "process": (("rank", "helper"), "rank")}
+
+    @classmethod
+    def check(cls, spec):
+        helper_points = ("open", "write", "fsync", "close")
+        if spec.params.get("process") == "helper" and spec.trigger.point not in helper_points:
+            return ("fault.point", "a helper process is reached through its files only", spec.trigger.point,
+                    helper_points)
+        return None
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -42,10 +54,17 @@ class Kill(Fault):
         self._awaited: str | None = None  # the awaited file once written; "" if it never was
 
     def needs_interception(self) -> bool:
-        return self.trigger.point in ("open", "write", "fsync", "close")
+        return self.trigger.point in ("open", "write", "fsync", "close") and not self.reaches_helpers()
+
+    def reaches_helpers(self) -> bool:
+        return self.spec.params.get("process") == "helper"
+
+    def in_trigger_window(self) -> bool:
+        return self.env.process == self.spec.params.get("process", "rank") and super().in_trigger_window()
 
     def wants(self, relative: str) -> bool:
-        return self.needs_interception() and self.in_trigger_window() and self.path_matches(relative)
+        return (self.trigger.point in ("open", "write", "fsync", "close") and self.in_trigger_window()
+                and self.path_matches(relative))
 
     def at(self, phase: str, step: int) -> None:
         if self.spec.params.get("once_written") and self.in_trigger_window():
@@ -115,7 +134,11 @@ class Kill(Fault):
             file.flush_to_os()
         if not self._ready():
             return
+        helper = self.env.process == "helper"
+        detail = {"awaited": self._awaited} if self._awaited else {}
+        if helper:  # a killed helper ends only itself: what its rank then does is the evidence
+            detail["process"] = "helper"
         self.fired(point=self.trigger.point, file=file.relative if file else None,
-                   offset=file.offset if file else None, ends_process=True, awaited=self._awaited)
+                   offset=file.offset if file else None, ends_process=not helper, **detail)
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(3600)  # SIGKILL is not deliverable late; this only keeps the code honest

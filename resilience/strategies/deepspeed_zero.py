@@ -22,6 +22,11 @@ from .base import CheckpointStrategy, StrategyContext
 
 UNIVERSAL_DIR = "universal"  # where the universal route writes its converted checkpoint
 RESTORE_ROUTES = ("native", "universal")
+WRITERS = ("torch", "decoupled")
+# DeepSpeed's decoupled writer: a helper process per rank (started with the spawn method) writes
+# the files while training goes on; `latest` is written when the save is committed, at the next
+# optimizer step. "data_parallel" must be given (without it: AttributeError 'dp_rank').
+DECOUPLED_WRITER = {"type": "python", "decoupled": True, "data_parallel": "replica"}
 ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
 CONVERT_TIMEOUT_S = 600
 
@@ -31,6 +36,21 @@ def deepspeed_version() -> str | None:
         return metadata.version("deepspeed")
     except metadata.PackageNotFoundError:
         return None
+
+
+def without_shared_memory_comm_op() -> None:
+    """Keep DeepSpeed from JIT-compiling its CPU shared-memory all-reduce op at engine start.
+
+    The op serves only ``inference_all_reduce`` (and only with LOCAL_SIZE set), never a checkpoint;
+    but its build runs in every fresh rank under torch's cpp_extension lock file, and a rank killed
+    during the build (a fault, a teardown) leaves that lock behind: every later DeepSpeed process
+    on the machine then waits for it forever (seen here). The build is skipped, not the library.
+    """
+    import sys
+
+    comm = sys.modules.get("deepspeed.comm.torch")
+    if comm is not None:
+        comm.build_shm_op = lambda: None
 
 
 class ZeroTrainedWorkload(Workload):
@@ -159,17 +179,21 @@ class ZeroCheckpoint(CheckpointStrategy):
     ``restore: native`` (default) loads the checkpoint as saved, which needs the same data-parallel
     size; ``restore: universal`` converts it first with ``deepspeed.checkpoint.ds_to_universal``
     (rank 0, under ``<checkpoint_dir>/universal``) and loads that with ``load_universal``, the
-    route DeepSpeed offers for a changed topology.
+    route DeepSpeed offers for a changed topology. ``writer: decoupled`` saves through DeepSpeed's
+    decoupled checkpoint engine (a spawned writer process per rank; ``save_checkpoint`` returns
+    before the files exist and ``latest`` follows at the next optimizer step); the restart loads
+    with the torch engine, since the decoupled engine cannot load DeepSpeed's own pickles.
     """
 
     stage: ClassVar[int] = 0
-    options = ("restore",)
+    options = ("restore", "writer")
     requires = {"deepspeed": "DS_BUILD_OPS=0 pip install 'resilience[deepspeed]'"}
-    option_values: ClassVar[Mapping[str, tuple[str, ...]]] = {"restore": RESTORE_ROUTES}
+    option_values: ClassVar[Mapping[str, tuple[str, ...]]] = {"restore": RESTORE_ROUTES, "writer": WRITERS}
 
     def __init__(self, context: StrategyContext):
         super().__init__(context)
         self.restore = context.options.get("restore", "native")  # validated by the loader
+        self.writer = context.options.get("writer", "torch")
         self.workload: ZeroTrainedWorkload | None = None
 
     @classmethod
@@ -185,6 +209,7 @@ class ZeroCheckpoint(CheckpointStrategy):
             os.environ[name] = str(value)
         import deepspeed
 
+        without_shared_memory_comm_op()
         spec = workload.spec
         config = {
             "train_batch_size": spec.global_batch,
@@ -194,6 +219,12 @@ class ZeroCheckpoint(CheckpointStrategy):
             "steps_per_print": 1 << 30,
             "checkpoint": {"load_universal": self.restore == "universal" and context.previous_rank is not None},
         }
+        if self.writer == "decoupled" and context.previous_rank is None:
+            # Saving only: the decoupled engine's own load calls torch.load with weights_only
+            # and refuses DeepSpeed's pickled objects, so a restart loads with the torch engine.
+            config["checkpoint"]["writer"] = dict(DECOUPLED_WRITER)
+            os.environ.setdefault("CROSS_RANK", "0")  # set by DeepSpeed's own launcher only
+            os.environ.setdefault("CROSS_SIZE", "1")
         engine, _, _, _ = deepspeed.initialize(model=workload.model, optimizer=workload.optimizer,
                                                lr_scheduler=workload.scheduler, config=config,
                                                dist_init_required=False)
