@@ -147,7 +147,7 @@ def _versions() -> dict[str, str | None]:
 
     import torch
 
-    versions = {"python": sys.version.split()[0], "torch": torch.__version__}
+    versions = {"executable": sys.executable, "python": sys.version.split()[0], "torch": torch.__version__}
     for package in ("deepspeed",):
         try:
             versions[package] = metadata.version(package)
