@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from importlib import metadata
 from collections.abc import Mapping
+from importlib import metadata
 from typing import Any, ClassVar
 
 import torch
@@ -95,7 +95,10 @@ class ZeroTrainedWorkload(Workload):
         return steps.pop()
 
     def state_dict(self) -> dict[str, Any]:
-        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+        from deepspeed.utils import (
+            safe_get_full_fp32_param,
+            safe_get_full_optimizer_state,
+        )
 
         parameters = list(self.engine.module.named_parameters())
         state = {**self.inner.progress_state(),
@@ -121,7 +124,10 @@ class ZeroTrainedWorkload(Workload):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The trusted restore of a reference snapshot, through DeepSpeed's public parameter API
         only: never through a DeepSpeed checkpoint, which is what is under test."""
-        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+        from deepspeed.utils import (
+            safe_set_full_fp32_param,
+            safe_set_full_optimizer_state,
+        )
 
         if state["optimizer"] and self._adam_step() is None:
             self.train_step()  # Adam and ZeRO create their state tensors; everything is overwritten below
@@ -148,7 +154,10 @@ class ZeroTrainedWorkload(Workload):
         if self.stage != 3:
             set_full(parameter, value) if key is None else set_full(parameter, value, key)
             return
-        from deepspeed.utils import safe_set_local_fp32_param, safe_set_local_optimizer_state
+        from deepspeed.utils import (
+            safe_set_local_fp32_param,
+            safe_set_local_optimizer_state,
+        )
 
         size = parameter.ds_tensor.numel()
         padded = torch.zeros(size * self.world_size, dtype=value.dtype)
