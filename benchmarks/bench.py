@@ -9,6 +9,8 @@
     path: throughput ratio, goal >= 0.9
 (c) randomly drawn kill cases ("fuzz examples") per minute: fork backend vs spawn backend
 (d) the shipped scenario suite with -n 2 vs serial
+(e) a DeepSpeed ZeRO-2 kill case end to end vs one cold `torchrun` launch of the same DeepSpeed
+    training (where DeepSpeed is installed)
 plus peak memory of the harness and of the ranks, and harness memory / open files across many
 cases in one process (no growth means no leak).
 """
@@ -34,6 +36,7 @@ from resilience.loader import load_document, load_file  # noqa: E402
 from resilience.reference_cache import ReferenceCache  # noqa: E402
 
 NO_FAULT = ROOT / "scenarios" / "no_fault.scenario.yaml"
+DEEPSPEED = ROOT / "scenarios" / "deepspeed_no_fault.scenario.yaml"
 
 
 def timed(fn) -> float:
@@ -49,10 +52,12 @@ def rss_kib() -> int:
     return 0
 
 
-def bench_case_vs_torchrun(harness: Harness, repeats: int) -> tuple[float, list]:
-    case = load_file(NO_FAULT).cases[0]
+def bench_case_vs_torchrun(harness: Harness, repeats: int, scenario: Path = NO_FAULT,
+                           index: int = 0) -> tuple[float, list]:
+    case = load_file(scenario).cases[index]
     harness.run(case)  # warm the forkserver and the reference cache
-    env = dict(os.environ, BENCH_SCENARIO=str(NO_FAULT), OMP_NUM_THREADS="1")
+    env = dict(os.environ, BENCH_SCENARIO=str(scenario), BENCH_CASE=str(index), OMP_NUM_THREADS="1",
+               BENCH_CHECKPOINTS=tempfile.gettempdir())
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                 str(ROOT / "benchmarks" / "torchrun_train.py")]
     ratios, results = [], []
@@ -142,9 +147,23 @@ def suite_seconds(extra: list[str], cache: Path) -> float:
     return timed(lambda: subprocess.run(command, cwd=ROOT, capture_output=True))
 
 
+def print_deepspeed_ratio(harness: Harness, repeats: int) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        print("(e) skipped: deepspeed is not installed", flush=True)
+        return
+    cases = load_file(DEEPSPEED).cases
+    index = next(i for i, c in enumerate(cases) if c.strategy.name == "deepspeed.zero2" and c.fault.kind == "kill")
+    ratio, _ = bench_case_vs_torchrun(harness, repeats, DEEPSPEED, index)
+    print(f"(e) DeepSpeed ZeRO-2 kill case end to end (first run, kill, restart, verify) / one cold "
+          f"torchrun launch of the same DeepSpeed training: {ratio:.2f} (median of {repeats})", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", choices=["e"], help="run one measurement only")
     args = parser.parse_args()
     repeats = 2 if args.quick else 4
     with tempfile.TemporaryDirectory(prefix="resilience-bench-cache-") as cache_dir:
@@ -152,6 +171,9 @@ def main() -> int:
         fork = Harness(backend=BACKENDS["fork"](), cache=cache)
         spawn = Harness(backend=BACKENDS["spawn"](), cache=cache)
 
+        if args.only == "e":
+            print_deepspeed_ratio(fork, repeats)
+            return 0
         ratio_a, results = bench_case_vs_torchrun(fork, repeats)
         harness_peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before (b)'s 512 MiB
         print(f"(a) 2-rank no-fault case end to end / cold torchrun of the same training: {ratio_a:.2f} "
@@ -168,6 +190,7 @@ def main() -> int:
         parallel = suite_seconds(["-n", "2"], Path(cache_dir))
         print(f"(d) shipped suite wall time, -n 2 / serial: {parallel / serial:.2f}", flush=True)
 
+        print_deepspeed_ratio(fork, repeats)
         rank_peaks = [e["peak_rss_kib"] for r in results for p in r.phases for rec in p.ranks
                       for e in rec.events if e["event"] == "done"]
         print(f"peak memory running cases: harness {harness_peak_mib:.0f} MiB, "

@@ -4,21 +4,29 @@
 """
 import os
 from datetime import timedelta
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from resilience import plugins  # noqa: E402
 from resilience.loader import load_file  # noqa: E402
+from resilience.strategies.base import StrategyContext  # noqa: E402
 from resilience.workload import MLPWorkload  # noqa: E402
 
 
 def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-    case = load_file(os.environ["BENCH_SCENARIO"]).cases[0]
+    case = load_file(os.environ["BENCH_SCENARIO"]).cases[int(os.environ.get("BENCH_CASE", "0"))]
     workload = MLPWorkload(case.workload, dist.get_rank(), dist.get_world_size())
+    # the case's strategy may train the workload in its engine (DeepSpeed): then so does this job
+    context = StrategyContext(checkpoint_dir=Path(os.environ.get("BENCH_CHECKPOINTS", ".")), rank=dist.get_rank(),
+                              world_size=dist.get_world_size(), previous_rank=None,
+                              options=dict(case.strategy.options))
+    workload = plugins.resolve("strategy", case.strategy.name)(context).prepare(workload)
     while workload.step < case.workload.steps:
         workload.train_step()
     dist.barrier()
