@@ -62,6 +62,10 @@ class Workload(ABC):
         directory.mkdir(parents=True, exist_ok=True)
         torch.save(self.state_dict(), directory / f"rank_{self.rank}.pt")
 
+    def rank_local_state(self) -> dict[str, Any]:
+        """This rank's own state, holding at least ``rank_local_keys``; called by one rank alone."""
+        return self.state_dict()
+
     def load_reference_snapshot(self, directory: Path) -> None:
         """Restore from a trusted snapshot saved at any world size.
 
@@ -70,7 +74,7 @@ class Workload(ABC):
         """
         state = torch.load(directory / "rank_0.pt", weights_only=True)
         own_path = directory / f"rank_{self.rank}.pt"
-        own = torch.load(own_path, weights_only=True) if own_path.exists() else self.state_dict()
+        own = torch.load(own_path, weights_only=True) if own_path.exists() else self.rank_local_state()
         for key in self.rank_local_keys:
             state[key] = own[key]
         self.load_state_dict(state)

@@ -111,15 +111,8 @@ class ZeroTrainedWorkload(Workload):
             state["optimizer"]["step"] = adam_step
         return state
 
-    def load_reference_snapshot(self, directory) -> None:
-        # as Workload's, but a rank new to the job keeps its rank-local state without calling the
-        # collective state_dict() alone
-        state = torch.load(directory / "rank_0.pt", weights_only=True)
-        own_path = directory / f"rank_{self.rank}.pt"
-        own = torch.load(own_path, weights_only=True) if own_path.exists() else self.inner.progress_state()
-        for key in self.rank_local_keys:
-            state[key] = own[key]
-        self.load_state_dict(state)
+    def rank_local_state(self) -> dict[str, Any]:
+        return self.inner.progress_state()  # state_dict() is collective; a rank new to the job calls this alone
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The trusted restore of a reference snapshot, through DeepSpeed's public parameter API
