@@ -76,7 +76,6 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
         from .helper_hook import expose
 
         clock.publish_to = Path(plan.phase_dir) / f"rank{rank}.clock"
-        clock.phase = clock.phase  # published from now on
         expose(rank=rank, world_size=plan.world_size, case_file=Path(plan.case_file), checkpoint_dir=checkpoint_dir,
                events_path=plan.events_path(rank), clock_path=clock.publish_to)
 
@@ -128,7 +127,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
         if plan.record_states and snapshots is not None:
             workload.save_reference_snapshot(snapshots / f"step_{step}")
         if plan.save:
-            clock.phase = "save"
+            clock.phase, clock.save_step = "save", step
             events.emit("save_begin", step=step)
             if fault:
                 fault.at("save", step)

@@ -25,37 +25,37 @@ class Clock:
 
     phase: str = "idle"  # "train", "save" or "idle"
     step: int = 0
+    save_step: int = 0  # the step of the last save this rank began (0: none yet)
     publish_to: Path | None = None
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
         target = self.__dict__.get("publish_to")
-        if name in ("phase", "step") and target is not None and "step" in self.__dict__:
+        if name == "save_step" and target is not None:
             staging = target.with_name(target.name + ".tmp")
-            staging.write_text(f"{self.phase} {self.step}")
-            os.replace(staging, target)  # a reader sees the old or the new clock, never half
+            staging.write_text(str(self.save_step))
+            os.replace(staging, target)  # a reader sees the old or the new step, never half
 
 
 class FollowedClock:
-    """A rank's published `Clock`, read from a helper process the rank started."""
+    """A rank's published `Clock`, read from a helper process the rank started.
+
+    A helper writes for the save its rank began last, also after the rank's call returned (a
+    background writer: the rank trains on meanwhile), so it is always "in" that save."""
 
     def __init__(self, path: Path):
         self.path = path
 
-    def _read(self) -> tuple[str, int]:
+    @property
+    def step(self) -> int:
         try:
-            phase, step = self.path.read_text().split()
-            return phase, int(step)
+            return int(self.path.read_text())
         except (FileNotFoundError, ValueError):
-            return "idle", 0
+            return 0
 
     @property
     def phase(self) -> str:
-        return self._read()[0]
-
-    @property
-    def step(self) -> int:
-        return self._read()[1]
+        return "save" if self.step else "idle"
 
 
 @dataclass(frozen=True)
