@@ -131,6 +131,9 @@ def parse_case(document: Any, source: str, case_id: str = "", where: str = "") -
     workload = v.workload(doc.get("workload"))
     fault = v.fault(doc.get("fault", {"kind": "none"}), workload)
     restart = v.restart(doc.get("restart", {}), workload)
+    problem = plugins.resolve("fault", fault.kind).check_strategy(plugins.resolve("strategy", strategy.name))
+    if problem:
+        raise v.error(*problem)
     expect = v.expect(doc.get("expect"))
     known_issue = v.known_issue(doc.get("known_issue"), expect)
     timeouts = v.timeouts(doc.get("timeouts", {}))

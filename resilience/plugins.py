@@ -22,6 +22,7 @@ FAULTS = {
     "partition": "resilience.faults.network:Partition",
     "throttle": "resilience.faults.network:Throttle",
     "preempt": "resilience.faults.preempt:Preempt",
+    "version_mismatch": "resilience.faults.version:VersionMismatch",
 }
 WORKLOADS = {
     "mlp": "resilience.workload:MLPWorkload",

@@ -134,6 +134,8 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
             strategy.save(workload, step)
             clock.phase = "idle"
             events.emit("save_returned", step=step)
+            if fault:
+                fault.after_save(strategy, step)
             saved_step = step
     dist.barrier()
     events.emit("done", step=workload.step, peak_rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)

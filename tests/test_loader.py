@@ -260,7 +260,7 @@ def test_strategy_module_raising_at_import_is_a_scenario_error(tmp_path, monkeyp
 def test_unknown_fault_kind_lists_kinds():
     err = scenario_error(variant({"fault.kind": "explode"}))
     assert "unknown fault 'explode'" in str(err)
-    assert err.allowed == "none, kill, disk_full, stall, partition, throttle, preempt, package.module:Class"
+    assert err.allowed == "none, kill, disk_full, stall, partition, throttle, preempt, version_mismatch, package.module:Class"
 
 
 def test_fault_rank_error_explains_range_from_world_size():

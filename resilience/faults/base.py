@@ -89,7 +89,7 @@ class Fault:
     last, even when an earlier call raised.
     Rank processes of the first run (every rank; the fault checks its trigger's rank itself):
     ``arm(env)`` once, before the strategy exists; ``at(phase, step)`` when the rank enters a train
-    step or a save; the IO hooks (``on_open``, ``on_write``, ``on_fsync``, ``before_close``,
+    step or a save; ``after_save(strategy, step)`` when its save returned; the IO hooks (``on_open``, ``on_write``, ``on_fsync``, ``before_close``,
     ``after_close``) for files under the checkpoint directory. Restarted ranks get no fault.
     A fault that fires calls ``fired(...)`` first, so the event is on record before it acts.
     """
@@ -114,6 +114,11 @@ class Fault:
     @classmethod
     def check(cls, spec: FaultSpec) -> tuple[str, str, Any, Any] | None:
         """Kind-specific validation: None, or (key, problem, value, allowed) for the loader to report."""
+        return None
+
+    @classmethod
+    def check_strategy(cls, strategy: type) -> tuple[str, str, Any, Any] | None:
+        """Whether the fault can act on this strategy class: None, or what the loader reports."""
         return None
 
     def needs_interception(self) -> bool:
@@ -146,6 +151,9 @@ class Fault:
 
     def at(self, phase: str, step: int) -> None:
         pass
+
+    def after_save(self, strategy: Any, step: int) -> None:
+        """The rank's ``strategy.save`` for ``step`` returned (called before the next step)."""
 
     def wants(self, relative: str) -> bool:
         """Whether this fault needs to see the writes of the file being opened (see IOListener)."""

@@ -58,6 +58,17 @@ class CheckpointStrategy(ABC):
     def __init__(self, context: StrategyContext):
         self.context = context
 
+    #: whether the checkpoints carry a version stamp (what wrote them) that
+    #: ``rewrite_version_stamp`` can change: the version_mismatch fault needs one
+    records_version: ClassVar[bool] = False
+
+    def rewrite_version_stamp(self, step: int, claim: str) -> list[str]:
+        """Make this rank's files of the step-``step`` checkpoint claim an ``older`` or ``newer``
+        version of what wrote them, as an upgrade or a downgrade between save and restore would.
+        Called by the version_mismatch fault on the trigger rank, after its save returned; returns
+        the files changed (relative to the checkpoint directory)."""
+        raise NotImplementedError(f"{type(self).__name__} records no version")
+
     @classmethod
     def trainer(cls, options: Mapping[str, Any]) -> str:
         """Who computes the training steps: "" when the workload trains itself, otherwise a name

@@ -237,6 +237,25 @@ class ZeroCheckpoint(CheckpointStrategy):
         self.workload.engine.save_checkpoint(str(self.context.checkpoint_dir), tag=f"global_step{step}",
                                              client_state={"progress": self.workload.inner.progress_state()})
 
+    records_version = True
+    CLAIMED_DS_VERSIONS: ClassVar[Mapping[str, str]] = {"older": "0.3.0", "newer": "99.0.0"}
+
+    def rewrite_version_stamp(self, step: int, claim: str) -> list[str]:
+        """``ds_version`` in this rank's files of the tag (its shards; rank 0 also the shared
+        model states), at the top level and in the optimizer state, where DeepSpeed reads it."""
+        rank, root = self.context.rank, self.context.checkpoint_dir
+        changed = []
+        for path in sorted((root / f"global_step{step}").glob("*.pt")):
+            if not (f"zero_pp_rank_{rank}_" in path.name or (rank == 0 and path.name.startswith("mp_rank_"))):
+                continue
+            state = torch.load(path, weights_only=False)  # DeepSpeed's own pickles, as it loads them
+            for holder in (state, *(v for v in state.values() if isinstance(v, dict))):
+                if "ds_version" in holder:
+                    holder["ds_version"] = self.CLAIMED_DS_VERSIONS[claim]
+            torch.save(state, path)
+            changed.append(path.relative_to(root).as_posix())
+        return changed
+
     def load(self, workload: Workload) -> None:
         load_dir = self.context.checkpoint_dir
         if self.restore == "universal":

@@ -5,6 +5,9 @@ rank). Restore picks the newest step directory by name and loads it without any 
 without trying an older one: what the seed's code does. A torn newest file therefore fails loudly at
 restore, and a step directory that is complete for some ranks only is used anyway.
 
+Every file carries a version stamp (``versions``: format and torch version) that restore ignores,
+as the seed's code would; option ``check_version: true`` refuses a file of another format.
+
 Option ``save_on_sigterm: true``: an emergency save of the current step when SIGTERM arrives
 (`resilience.preemption`), as training scripts on preemptible clusters add; off by default, as in the seed.
 """
@@ -21,6 +24,30 @@ from ..workload import Workload
 from .base import CheckpointStrategy
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
+FORMAT_VERSION = 1
+STAMP_KEY = "versions"  # in every file: what wrote it (the restore ignores it unless check_version)
+CLAIMS = {"older": {"format": 0, "torch": "1.0.0"}, "newer": {"format": 99, "torch": "99.0.0"}}
+
+
+def version_stamp() -> dict:
+    return {"format": FORMAT_VERSION, "torch": str(torch.__version__)}  # TorchVersion is not weights-only
+
+
+def load_checked(path: Path, check_version: bool) -> dict:
+    """The state saved in ``path`` without its stamp; with ``check_version``, refuse a file whose
+    format this code does not know (a checkpoint from another release of the training code)."""
+    state = torch.load(path, weights_only=True)
+    versions = state.pop(STAMP_KEY, None)
+    if check_version and (not isinstance(versions, dict) or versions.get("format") != FORMAT_VERSION):
+        raise RuntimeError(f"{path.name}: checkpoint stamped {versions}; this reader understands format "
+                           f"{FORMAT_VERSION} (torch {torch.__version__})")
+    return state
+
+
+def restamp(path: Path, claim: str) -> None:
+    state = torch.load(path, weights_only=True)
+    state[STAMP_KEY] = dict(CLAIMS[claim])
+    torch.save(state, path)
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -41,38 +68,56 @@ class RankZeroSave(CheckpointStrategy):
     """
 
     file_name = "model_optim.pt"
-    options = ("save_on_sigterm",)
-    option_values: ClassVar[dict[str, tuple[bool, ...]]] = {"save_on_sigterm": (True, False)}
+    options = ("save_on_sigterm", "check_version")
+    option_values: ClassVar[dict[str, tuple[bool, ...]]] = {"save_on_sigterm": (True, False),
+                                                            "check_version": (True, False)}
+    records_version = True
 
     def save(self, workload: Workload, step: int) -> None:
         if self.context.rank == 0:
             directory = step_dir(self.context.checkpoint_dir, step)
             directory.mkdir(parents=True, exist_ok=True)
-            torch.save(workload.state_dict(), directory / self.file_name)
+            torch.save({**workload.state_dict(), STAMP_KEY: version_stamp()}, directory / self.file_name)
         dist.barrier()
 
     def load(self, workload: Workload) -> None:
         directory = newest_step_dir(self.context.checkpoint_dir)
         if directory is not None:
-            workload.load_state_dict(torch.load(directory / self.file_name, weights_only=True))
+            workload.load_state_dict(load_checked(directory / self.file_name,
+                                                  bool(self.context.options.get("check_version"))))
         dist.barrier()
+
+    def rewrite_version_stamp(self, step: int, claim: str) -> list[str]:
+        if self.context.rank != 0:
+            return []
+        path = step_dir(self.context.checkpoint_dir, step) / self.file_name
+        restamp(path, claim)
+        return [path.relative_to(self.context.checkpoint_dir).as_posix()]
 
 
 class PerRankSave(CheckpointStrategy):
     """Every rank saves ``ckpt_rank_<r>.pt`` and loads its own file back by rank, then a barrier."""
 
-    options = ("save_on_sigterm",)
-    option_values: ClassVar[dict[str, tuple[bool, ...]]] = {"save_on_sigterm": (True, False)}
+    options = ("save_on_sigterm", "check_version")
+    option_values: ClassVar[dict[str, tuple[bool, ...]]] = {"save_on_sigterm": (True, False),
+                                                            "check_version": (True, False)}
+    records_version = True
 
     def save(self, workload: Workload, step: int) -> None:
         directory = step_dir(self.context.checkpoint_dir, step)
         directory.mkdir(parents=True, exist_ok=True)
-        torch.save(workload.state_dict(), directory / f"ckpt_rank_{self.context.rank}.pt")
+        torch.save({**workload.state_dict(), STAMP_KEY: version_stamp()},
+                   directory / f"ckpt_rank_{self.context.rank}.pt")
         dist.barrier()
 
     def load(self, workload: Workload) -> None:
         directory = newest_step_dir(self.context.checkpoint_dir)
         if directory is not None:
             path = directory / f"ckpt_rank_{self.context.rank}.pt"
-            workload.load_state_dict(torch.load(path, weights_only=True))
+            workload.load_state_dict(load_checked(path, bool(self.context.options.get("check_version"))))
         dist.barrier()
+
+    def rewrite_version_stamp(self, step: int, claim: str) -> list[str]:
+        path = step_dir(self.context.checkpoint_dir, step) / f"ckpt_rank_{self.context.rank}.pt"
+        restamp(path, claim)
+        return [path.relative_to(self.context.checkpoint_dir).as_posix()]
