@@ -57,16 +57,18 @@ def bench_case_vs_torchrun(harness: Harness, repeats: int, scenario: Path = NO_F
     case = load_file(scenario).cases[index]
     harness.run(case)  # warm the forkserver and the reference cache
     env = dict(os.environ, BENCH_SCENARIO=str(scenario), BENCH_CASE=str(index), OMP_NUM_THREADS="1",
-               BENCH_CHECKPOINTS=tempfile.gettempdir())
+               BENCH_CHECKPOINTS=tempfile.gettempdir())  # never written: the job trains only
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                 str(ROOT / "benchmarks" / "torchrun_train.py")]
     ratios, results = [], []
-    for _ in range(repeats):
-        result = []
-        case_s = timed(lambda: result.append(harness.run(case)))
-        cold_s = timed(lambda: subprocess.run(torchrun, env=env, check=True, capture_output=True))
-        ratios.append(case_s / cold_s)
-        results.append(result[0])
+    with tempfile.TemporaryDirectory(prefix="resilience-bench-torchrun-") as scratch:
+        env["TMPDIR"] = scratch  # torchrun keeps a torchelastic_* directory per launch
+        for _ in range(repeats):
+            result = []
+            case_s = timed(lambda: result.append(harness.run(case)))
+            cold_s = timed(lambda: subprocess.run(torchrun, env=env, check=True, capture_output=True))
+            ratios.append(case_s / cold_s)
+            results.append(result[0])
     return statistics.median(ratios), results
 
 
