@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,7 +46,11 @@ class RankProcess(ABC):
 
     @abstractmethod
     def destroy(self) -> None:
-        """SIGKILL the rank and every process it started, and reap it. Idempotent."""
+        """SIGKILL the rank and every process it started, reap it, and remove its temporary
+        directory. Idempotent."""
+
+    def _remove_temp_dir(self) -> None:
+        shutil.rmtree(rank_temp_dir(self.pid), ignore_errors=True)
 
 
 class ProcessBackend(ABC):
@@ -90,6 +95,7 @@ class _PopenRank(RankProcess):
             self._popen.wait(timeout=30)
         except subprocess.TimeoutExpired:  # uninterruptible IO: the kernel will reap it later
             pass
+        self._remove_temp_dir()
 
 
 class SpawnBackend(ProcessBackend):
@@ -126,6 +132,7 @@ class _ForkedRank(RankProcess):
         self._process.join(timeout=30)
         if self._process.exitcode is not None:
             self._process.close()
+        self._remove_temp_dir()
 
 
 class _NoMainPopen(popen_forkserver.Popen):
@@ -180,6 +187,13 @@ class ForkServerBackend(ProcessBackend):
                                args=(str(plan_path), rank, str(out_path), str(err_path)))
         process.start()
         return _ForkedRank(rank, process)
+
+
+def rank_temp_dir(pid: int) -> Path:
+    """Where rank ``pid`` and the processes it starts keep temporary files (see worker)."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"resilience-rank-{pid}"
 
 
 def rank_environment(interpreter: "Interpreter | None" = None) -> dict[str, str]:

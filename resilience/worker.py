@@ -59,6 +59,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     from .strategies.base import StrategyContext
 
     torch.set_num_threads(1)  # reductions over several threads change the bits of a sum
+    _private_temp_dir()
     case_data = json.loads(Path(plan.case_file).read_text())
     case = parse_case(case_data["document"], case_data["source"], case_data["id"])
     checkpoint_dir = Path(plan.checkpoint_dir)
@@ -140,6 +141,23 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     dist.barrier()
     events.emit("done", step=workload.step, peak_rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     dist.destroy_process_group()
+
+
+def _private_temp_dir() -> None:
+    """Temporary files of this rank and of every process its libraries start (multiprocessing's
+    pymp-* directories and sockets, a writer's scratch files) go into a directory the harness
+    removes when it destroys the rank (`backend.rank_temp_dir`): a rank ends by os._exit or
+    SIGKILL, so their own cleanup never runs. Short, for AF_UNIX socket paths (108 bytes)."""
+    import tempfile
+    from multiprocessing import process
+
+    from .backend import rank_temp_dir
+
+    directory = rank_temp_dir(os.getpid())
+    directory.mkdir(exist_ok=True)
+    os.environ["TMPDIR"] = str(directory)
+    tempfile.tempdir = str(directory)
+    process.current_process()._config.pop("tempdir", None)  # a forked rank may inherit its server's
 
 
 def _versions() -> dict[str, str | None]:
