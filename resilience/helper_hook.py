@@ -2,8 +2,8 @@
 the spawn method): they inherit the rank's environment, so the rank exposes its fault there
 through a startup hook (``resilience/startup/sitecustomize.py``) before the library starts them.
 
-In such a helper the fault is armed with ``process="helper"``, follows the rank's published clock
-(phase and step), writes its events into the rank's event log, and reaches the helper's files
+In such a helper the fault is armed with ``process="helper"``, follows the step of the last save its
+rank began (a background writer writes after the rank's save call returned), writes its events into the rank's event log, and reaches the helper's files
 through the same interception layer as in the rank.
 """
 from __future__ import annotations
@@ -37,11 +37,10 @@ def install(config_text: str) -> None:
     from . import plugins
     from .faults.base import FollowedClock, RankEnvironment
     from .interception import Interceptor
-    from .loader import parse_case
+    from .loader import read_case_file
     from .worker import EventLog
 
-    case_data = json.loads(Path(config["case_file"]).read_text())
-    case = parse_case(case_data["document"], case_data["source"], case_data["id"])
+    case = read_case_file(Path(config["case_file"]))
     fault = plugins.resolve("fault", case.fault.kind)(case.fault)
     checkpoint_dir = Path(config["checkpoint_dir"])
     events = EventLog(Path(config["events"]), config["rank"])

@@ -9,20 +9,18 @@ and everything else comes from this environment.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import HarnessError, Unavailable
+from .reference_cache import ReferenceCache
 
 INSTALL_TIMEOUT_S = 900
-COMPLETE_MARKER = ".complete"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # where `import resilience` finds this code
 
 
@@ -43,17 +41,9 @@ def default_packages_dir() -> Path:
 def layered_packages(requirements: tuple[str, ...], root: Path | None = None) -> Path:
     """A directory holding ``requirements`` (without their dependencies), installed once per
     interpreter and set of requirements; safe when several harnesses ask at the same time."""
-    root = root or default_packages_dir()
     identity = json.dumps({"python": sys.version, "prefix": sys.prefix, "requirements": sorted(requirements)})
-    target = root / hashlib.sha256(identity.encode()).hexdigest()[:24]
-    if (target / COMPLETE_MARKER).exists():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f"{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / COMPLETE_MARKER).exists():
-            return target
-        shutil.rmtree(target, ignore_errors=True)
+
+    def install(target: Path) -> None:
         env = dict(os.environ, DS_BUILD_OPS="0", PIP_DISABLE_PIP_VERSION_CHECK="1")
         command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
                    *requirements]
@@ -61,14 +51,13 @@ def layered_packages(requirements: tuple[str, ...], root: Path | None = None) ->
             done = subprocess.run(command, check=False, capture_output=True, text=True, env=env,
                                   timeout=INSTALL_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            shutil.rmtree(target, ignore_errors=True)
             raise Unavailable(f"installing {' '.join(requirements)} took over {INSTALL_TIMEOUT_S} s") from None
         if done.returncode:
-            shutil.rmtree(target, ignore_errors=True)
             raise Unavailable(f"cannot install {' '.join(requirements)} for the restart: "
                               f"{(done.stdout + done.stderr).strip()[-1500:]}")
-        (target / COMPLETE_MARKER).write_text(identity)
-    return target
+
+    cache = ReferenceCache(root or default_packages_dir())  # one complete directory per key, built once
+    return cache.entry(hashlib.sha256(identity.encode()).hexdigest()[:24], install)
 
 
 def for_restart(python: str | None, packages: tuple[str, ...], scenario_source: str) -> Interpreter | None:

@@ -118,6 +118,12 @@ def load_document(document: Any, source: str) -> Scenario:
     return Scenario(path=source, name=name, cases=tuple(cases))
 
 
+def read_case_file(path: Path) -> Case:
+    """The case the harness handed to its rank processes (case.json of the case directory)."""
+    data = json.loads(Path(path).read_text())
+    return parse_case(data["document"], data["source"], data["id"])
+
+
 def parse_case(document: Any, source: str, case_id: str = "", where: str = "") -> Case:
     """Validate one case document (a scenario without `matrix`). Workers re-parse what the harness sends."""
     v = _Validator(source, where)

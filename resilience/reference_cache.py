@@ -52,6 +52,9 @@ def reference_key(case: Case, with_snapshots: bool) -> str:
 
 
 class ReferenceCache:
+    """Directories built once per key and shared by concurrent harnesses (reference runs, and the
+    packages a restart layers over this environment)."""
+
     def __init__(self, root: Path):
         self.root = Path(root)
 

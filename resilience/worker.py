@@ -54,14 +54,13 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     from . import plugins
     from .faults.base import Clock, RankEnvironment
     from .interception import Interceptor
-    from .loader import parse_case
+    from .loader import read_case_file
     from .preemption import EMERGENCY_PHASE, EmergencySave, wanted_by
     from .strategies.base import StrategyContext
 
     torch.set_num_threads(1)  # reductions over several threads change the bits of a sum
     _private_temp_dir()
-    case_data = json.loads(Path(plan.case_file).read_text())
-    case = parse_case(case_data["document"], case_data["source"], case_data["id"])
+    case = read_case_file(Path(plan.case_file))
     checkpoint_dir = Path(plan.checkpoint_dir)
     clock = Clock()
 

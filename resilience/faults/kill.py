@@ -15,6 +15,7 @@ from ..interception import InterceptedFile
 from .base import Fault
 
 AWAIT_S = 30.0
+FILE_POINTS = ("open", "write", "fsync", "close")  # points reached through a file's IO
 
 
 class Kill(Fault):
@@ -42,10 +43,9 @@ class Kill(Fault):
 
     @classmethod
     def check(cls, spec):
-        helper_points = ("open", "write", "fsync", "close")
-        if spec.params.get("process") == "helper" and spec.trigger.point not in helper_points:
+        if spec.params.get("process") == "helper" and spec.trigger.point not in FILE_POINTS:
             return ("fault.point", "a helper process is reached through its files only", spec.trigger.point,
-                    helper_points)
+                    FILE_POINTS)
         return None
 
     def __init__(self, spec):
@@ -54,7 +54,7 @@ class Kill(Fault):
         self._awaited: str | None = None  # the awaited file once written; "" if it never was
 
     def needs_interception(self) -> bool:
-        return self.trigger.point in ("open", "write", "fsync", "close") and not self.reaches_helpers()
+        return self.trigger.point in FILE_POINTS and not self.reaches_helpers()
 
     def reaches_helpers(self) -> bool:
         return self.spec.params.get("process") == "helper"
@@ -63,7 +63,7 @@ class Kill(Fault):
         return self.env.process == self.spec.params.get("process", "rank") and super().in_trigger_window()
 
     def wants(self, relative: str) -> bool:
-        return (self.trigger.point in ("open", "write", "fsync", "close") and self.in_trigger_window()
+        return (self.trigger.point in FILE_POINTS and self.in_trigger_window()
                 and self.path_matches(relative))
 
     def at(self, phase: str, step: int) -> None:
