@@ -23,6 +23,7 @@ from .interpreters import for_restart
 from .phases import CONTINUATION, FIRST_RUN, REFERENCE, RESTART, PhasePlan
 from .reference_cache import ReferenceCache, reference_key
 from .scenario import Case
+from .topology import Topology
 from .verify import Verdict, judge
 
 POLL_S = 0.02
@@ -125,11 +126,11 @@ class Harness:
         try:
             fault.setup(env)
             phases.append(self._phase(plan.make(FIRST_RUN, case.workload.world_size, "fresh",
-                                                save=True, inject=True), case,
+                                                save=True, inject=True, topology=case.placement), case,
                                       supervisor=fault if fault.supervises else None))
             fault.heal(env)
             restart = self._phase(plan.make(RESTART, case.restart.world_size, "strategy", save=True,
-                                            rank_map=case.restart.rank_map), case,
+                                            rank_map=case.restart.rank_map, topology=case.restart.placement), case,
                                   backend=self._restart_backend(case))
             phases.append(restart)
             restored = restart.restored()
@@ -137,7 +138,8 @@ class Harness:
                 step = restored[0]["step"]
                 if (snapshots / f"step_{step}").is_dir():
                     phases.append(self._phase(plan.make(CONTINUATION, case.restart.world_size, "snapshot",
-                                                        snapshot_dir=snapshots, snapshot_step=step), case))
+                                                        snapshot_dir=snapshots, snapshot_step=step,
+                                                        topology=case.restart.placement), case))
         finally:
             fault.teardown(env)
         verdict = judge(case, *phases)
@@ -150,7 +152,7 @@ class Harness:
         def run_into(directory: Path) -> PhaseResult:
             result = self._phase(plan.make(REFERENCE, case.workload.world_size, "fresh", record_states=True,
                                            snapshot_dir=directory / "snapshots" if keep_snapshots else None,
-                                           phase_dir=directory / REFERENCE), case)
+                                           phase_dir=directory / REFERENCE, topology=case.placement), case)
             if result.status != "completed":
                 raise HarnessError(f"the uninterrupted reference run did not complete ({result.status}): "
                                    f"{result.first_error.summary() if result.first_error else ''}\n"
@@ -228,7 +230,8 @@ class _Planner:
 
     def make(self, name: str, world_size: int, start: str, *, save: bool = False, inject: bool = False,
              record_states: bool = False, snapshot_dir: Path | None = None, snapshot_step: int | None = None,
-             rank_map: tuple[int, ...] | None = None, phase_dir: Path | None = None) -> PhasePlan:
+             rank_map: tuple[int, ...] | None = None, phase_dir: Path | None = None,
+             topology: Topology | None = None) -> PhasePlan:
         phase_dir = phase_dir or self.work_dir / name
         return PhasePlan(
             name=name, case_file=str(self.case_file), world_size=world_size,
@@ -237,7 +240,8 @@ class _Planner:
             inject=inject, record_states=record_states,
             snapshot_dir=str(snapshot_dir) if snapshot_dir else None, snapshot_step=snapshot_step,
             rank_map=rank_map or tuple(range(world_size)),
-            collective_timeout_s=self.case.timeouts.collective_s)
+            collective_timeout_s=self.case.timeouts.collective_s,
+            topology=topology.as_dict() if topology else None)
 
 
 def _collect(plan: PhasePlan, status: str, codes: list[int | None], elapsed: float) -> PhaseResult:

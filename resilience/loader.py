@@ -19,14 +19,16 @@ from . import plugins
 from .errors import PluginError, ScenarioError
 from .scenario import (Case, Expect, FaultSpec, KnownIssue, Outcome, RestartSpec, Scenario,
                        StrategySpec, Timeouts, Trigger, VerdictKind, WorkloadSpec)
+from .topology import SHARED, STORAGE_KINDS, Topology
 
 SCENARIO_SUFFIXES = (".scenario.yaml", ".scenario.yml")
 TOP_KEYS = ("name", "description", "strategy", "workload", "fault", "restart", "expect",
-            "known_issue", "timeouts", "tier", "matrix")
+            "known_issue", "timeouts", "tier", "matrix", "topology")
 WORKLOAD_KEYS = ("model", "world_size", "steps", "checkpoint_every", "seed", "global_batch", "size",
                  "rank_rng", "options")
 TRIGGER_KEYS = ("rank", "step", "phase", "point", "file", "after_bytes")
-RESTART_KEYS = ("world_size", "rank_map", "python", "packages")
+RESTART_KEYS = ("world_size", "rank_map", "python", "packages", "topology")
+TOPOLOGY_KEYS = ("tp", "pp", "nodes", "node_ids", "storage")
 REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_,.-]+\])?(\s*(==|>=|<=|~=|!=|<|>)\s*[A-Za-z0-9.*+!_-]+)*$")
 EXPECT_KEYS = ("outcome", "error", "fallback_ok")
 KNOWN_ISSUE_KEYS = ("reason", "link", "verdict")
@@ -135,8 +137,11 @@ def parse_case(document: Any, source: str, case_id: str = "", where: str = "") -
     tier = v.choice("tier", doc.get("tier", "full"), TIERS)
     strategy = v.strategy(doc.get("strategy"))
     workload = v.workload(doc.get("workload"))
+    model_parallel = plugins.resolve("workload", workload.model).model_parallel
+    topology = v.topology("topology", doc.get("topology", {} if model_parallel else None), workload.world_size,
+                          workload)
     fault = v.fault(doc.get("fault", {"kind": "none"}), workload)
-    restart = v.restart(doc.get("restart", {}), workload)
+    restart = v.restart(doc.get("restart", {}), workload, topology)
     problem = plugins.resolve("fault", fault.kind).check_strategy(plugins.resolve("strategy", strategy.name))
     if problem:
         raise v.error(*problem)
@@ -145,7 +150,7 @@ def parse_case(document: Any, source: str, case_id: str = "", where: str = "") -
     timeouts = v.timeouts(doc.get("timeouts", {}))
     return Case(id=case_id or "case", source=source, name=name, description=description, tier=tier,
                 strategy=strategy, workload=workload, fault=fault, restart=restart, expect=expect,
-                known_issue=known_issue, timeouts=timeouts, document=doc)
+                known_issue=known_issue, timeouts=timeouts, document=doc, topology=topology)
 
 
 def parse_size(text: Any) -> int | None:
@@ -357,14 +362,14 @@ class _Validator:
     def workload(self, value: Any) -> WorkloadSpec:
         doc = self.mapping("workload", self.required("workload", value), WORKLOAD_KEYS)
         model = doc.get("model", "mlp")
-        self.plugin("workload", "workload.model", model)
+        model_parallel = self.plugin("workload", "workload.model", model).model_parallel
         world_size = self.integer("workload.world_size", doc.get("world_size"), 1, MAX_WORLD_SIZE)
         steps = self.integer("workload.steps", doc.get("steps"), 1, 100_000)
         every = self.integer("workload.checkpoint_every", doc.get("checkpoint_every"), 1, steps,
                              f"1..steps ({steps})")
         seed = self.integer("workload.seed", doc.get("seed", 0), 0, 2**31 - 1)
         global_batch = self.integer("workload.global_batch", doc.get("global_batch", 16), 1, 1 << 20)
-        if global_batch % world_size:
+        if global_batch % world_size and not model_parallel:  # model-parallel: the topology checks dp
             raise self.error("workload.global_batch", f"must be divisible by workload.world_size ({world_size})",
                              global_batch, "a multiple of the world size")
         size = parse_size(doc.get("size", "64KiB"))
@@ -432,10 +437,51 @@ class _Validator:
             raise self.error("fault.file", "must be a glob relative to the checkpoint directory", file)
         return Trigger(rank=rank, step=step, phase=phase, point=point, file=file, after_bytes=after_bytes)
 
-    def restart(self, value: Any, workload: WorkloadSpec) -> RestartSpec:
+    def topology(self, key: str, value: Any, world_size: int, workload: WorkloadSpec,
+                 storage: str | None = None) -> Topology | None:
+        """TP x PP x DP and node placement of ``world_size`` ranks; ``storage`` given: a restart's
+        topology, which keeps the first run's storage (the cluster's, not the job's)."""
+        if value is None:
+            return None
+        allowed = TOPOLOGY_KEYS if storage is None else TOPOLOGY_KEYS[:-1]
+        doc = self.mapping(key, value, allowed)
+        tp = self.integer(f"{key}.tp", doc.get("tp", 1), 1, world_size)
+        pp = self.integer(f"{key}.pp", doc.get("pp", 1), 1, world_size)
+        if world_size % (tp * pp):
+            raise self.error(f"{key}.tp", f"tp x pp ({tp} x {pp}) must divide the world size ({world_size})", tp,
+                             [t for t in range(1, world_size + 1) if world_size % (t * pp) == 0])
+        dp = world_size // (tp * pp)
+        cls = plugins.resolve("workload", workload.model)
+        if (tp, pp) != (1, 1) and not cls.model_parallel:
+            raise self.error(f"{key}.tp", f"workload {workload.model!r} has no tensor or pipeline parallelism",
+                             {"tp": tp, "pp": pp}, "tp: 1, pp: 1, or a model-parallel workload such as tp_mlp")
+        if workload.global_batch % dp:
+            raise self.error(f"{key}.tp", f"the data-parallel degree {dp} must divide workload.global_batch "
+                                          f"({workload.global_batch})", tp)
+        if cls.model_parallel:
+            problem = cls.topology_problem(workload, tp, pp)
+            if problem:
+                raise self.error(f"{key}.tp", problem, {"tp": tp, "pp": pp})
+        nodes = self.integer(f"{key}.nodes", doc.get("nodes", 1), 1, world_size,
+                             f"a divisor of the world size ({world_size})")
+        if world_size % nodes:
+            raise self.error(f"{key}.nodes", f"must divide the world size ({world_size}): ranks fill nodes "
+                                             "in equal blocks", nodes,
+                             [n for n in range(1, world_size + 1) if world_size % n == 0])
+        node_ids = doc.get("node_ids", list(range(nodes)))
+        if (not isinstance(node_ids, list) or len(node_ids) != nodes
+                or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1024 for n in node_ids)
+                or len(set(node_ids)) != nodes):
+            raise self.error(f"{key}.node_ids", f"must list {nodes} distinct physical node numbers, one per "
+                                                "block of ranks", node_ids, f"e.g. {list(reversed(range(nodes)))}")
+        if storage is None:
+            storage = self.choice(f"{key}.storage", doc.get("storage", SHARED), STORAGE_KINDS)
+        return Topology(tp=tp, pp=pp, dp=dp, node_ids=tuple(node_ids), storage=storage)
+
+    def restart(self, value: Any, workload: WorkloadSpec, topology: Topology | None = None) -> RestartSpec:
         doc = self.mapping("restart", value if value is not None else {}, RESTART_KEYS)
         world_size = self.integer("restart.world_size", doc.get("world_size", workload.world_size), 1, MAX_WORLD_SIZE)
-        if workload.global_batch % world_size:
+        if workload.global_batch % world_size and not plugins.resolve("workload", workload.model).model_parallel:
             raise self.error("restart.world_size", f"must divide workload.global_batch ({workload.global_batch})",
                              world_size, [w for w in range(1, MAX_WORLD_SIZE + 1) if workload.global_batch % w == 0])
         rank_map = doc.get("rank_map", "identity")
@@ -463,7 +509,18 @@ class _Validator:
         if python is not None and packages:
             raise self.error("restart.packages", "give python or packages, not both", packages,
                              "packages layered over this environment, or another interpreter")
-        return RestartSpec(world_size=world_size, rank_map=mapping, python=python, packages=tuple(packages))
+        first = topology or Topology.single_node(workload.world_size)
+        restart_topology = self.topology("restart.topology", doc.get("topology"), world_size, workload,
+                                         storage=first.storage)
+        if restart_topology is None and topology is not None:  # the job comes back as it was placed
+            if world_size % first.nodes == 0 and world_size % (first.tp * first.pp) == 0:
+                restart_topology = Topology(tp=first.tp, pp=first.pp, dp=world_size // (first.tp * first.pp),
+                                            node_ids=first.node_ids, storage=first.storage)
+            else:
+                raise self.error("restart.topology", f"missing: the first run's topology ({first.describe()}) "
+                                                     f"cannot hold {world_size} ranks", None, TOPOLOGY_KEYS[:-1])
+        return RestartSpec(world_size=world_size, rank_map=mapping, python=python, packages=tuple(packages),
+                           topology=restart_topology)
 
     def expect(self, value: Any) -> Expect:
         allowed = [o.value for o in Outcome]

@@ -24,6 +24,7 @@ class PhasePlan:
     snapshot_step: int | None  # continuation: the step to start from
     rank_map: tuple[int, ...]
     collective_timeout_s: float
+    topology: dict | None = None  # `Topology.as_dict()` of this phase (None: one node, pure DP)
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=1))
@@ -33,6 +34,11 @@ class PhasePlan:
         data = json.loads(Path(path).read_text())
         data["rank_map"] = tuple(data["rank_map"])
         return cls(**data)
+
+    def placement(self):
+        from .topology import Topology
+
+        return Topology.from_dict(self.topology) if self.topology else Topology.single_node(self.world_size)
 
     def events_path(self, rank: int) -> Path:
         return Path(self.phase_dir) / f"rank{rank}.events.jsonl"

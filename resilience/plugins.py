@@ -13,6 +13,7 @@ STRATEGIES = {
     "deepspeed.zero1": "resilience.strategies.deepspeed_zero:Zero1",
     "deepspeed.zero2": "resilience.strategies.deepspeed_zero:Zero2",
     "deepspeed.zero3": "resilience.strategies.deepspeed_zero:Zero3",
+    "megatron": "resilience.strategies.megatron:MegatronCheckpoint",
 }
 FAULTS = {
     "none": "resilience.faults.noop:NoFault",
@@ -26,6 +27,7 @@ FAULTS = {
 }
 WORKLOADS = {
     "mlp": "resilience.workload:MLPWorkload",
+    "tp_mlp": "resilience.parallel_mlp:TensorParallelMLP",
 }
 TABLES = {"strategy": STRATEGIES, "fault": FAULTS, "workload": WORKLOADS}
 BASES = {

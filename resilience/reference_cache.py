@@ -47,6 +47,7 @@ def reference_key(case: Case, with_snapshots: bool) -> str:
         "format": FORMAT_VERSION, "torch": torch.__version__, "sources": digest.hexdigest(),
         "workload": asdict(case.workload), "snapshots": with_snapshots, "trainer": trainer,
         "collective_timeout_s": case.timeouts.collective_s,
+        "parallel": case.placement.parallel,  # placement and storage do not change the numbers
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
 

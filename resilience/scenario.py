@@ -5,6 +5,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .topology import Topology
+
 
 class Outcome(str, enum.Enum):
     RECOVERS = "recovers"
@@ -69,6 +71,11 @@ class RestartSpec:
     rank_map: tuple[int, ...]  # rank_map[new_rank] = the rank whose place the new rank takes
     python: str | None = None  # the restart runs under this interpreter (another environment)
     packages: tuple[str, ...] = ()  # or under this one with these requirements layered over it
+    topology: Topology | None = None  # TP x PP x DP and placement at restart (None: one node, pure DP)
+
+    @property
+    def placement(self) -> Topology:
+        return self.topology or Topology.single_node(self.world_size)
 
 
 @dataclass(frozen=True)
@@ -112,10 +119,18 @@ class Case:
     known_issue: KnownIssue | None
     timeouts: Timeouts
     document: Mapping[str, Any]  # the case as a plain scenario document, for replay and for workers
+    topology: Topology | None = None  # of the reference and the first run (None: one node, pure DP)
+
+    @property
+    def placement(self) -> Topology:
+        return self.topology or Topology.single_node(self.workload.world_size)
 
     @property
     def topology_changes(self) -> bool:
-        return self.restart.world_size != self.workload.world_size
+        """Whether the restart computes differently (another TP, PP or DP degree), so the oracle is
+        a continuation on the restart's topology. A new placement alone changes only who sees
+        which files; the reference stays the oracle."""
+        return self.restart.placement.parallel != self.placement.parallel
 
 
 @dataclass(frozen=True)

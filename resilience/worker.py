@@ -61,7 +61,9 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     torch.set_num_threads(1)  # reductions over several threads change the bits of a sum
     _private_temp_dir()
     case = read_case_file(Path(plan.case_file))
-    checkpoint_dir = Path(plan.checkpoint_dir)
+    topology = plan.placement()
+    checkpoint_dir = topology.storage_dir(Path(plan.checkpoint_dir), rank)  # node-local storage: its node's
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
     clock = Clock()
 
     fault = plugins.resolve("fault", case.fault.kind)(case.fault) if plan.inject else None
@@ -82,13 +84,17 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     store = dist.FileStore(plan.store_path, plan.world_size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=plan.world_size,
                             timeout=timedelta(seconds=plan.collective_timeout_s))
-    events.emit("joined", world_size=plan.world_size, versions=_versions())
+    events.emit("joined", world_size=plan.world_size, versions=_versions(), node=topology.node_of(rank),
+                local_rank=topology.local_rank(rank))
     context = StrategyContext(checkpoint_dir=checkpoint_dir, rank=rank, world_size=plan.world_size,
                               previous_rank=plan.rank_map[rank] if plan.start == "strategy" else None,
-                              options=dict(case.strategy.options))
+                              options=dict(case.strategy.options), topology=topology)
     # every phase, the oracle's too: a strategy whose engine trains the model trains it everywhere
     strategy = plugins.resolve("strategy", case.strategy.name)(context)
-    workload = strategy.prepare(plugins.resolve("workload", case.workload.model)(case.workload, rank, plan.world_size))
+    workload_cls = plugins.resolve("workload", case.workload.model)
+    workload = workload_cls(case.workload, rank, plan.world_size, **(
+        {"topology": topology} if workload_cls.model_parallel else {}))  # collective: it may build groups
+    workload = strategy.prepare(workload)
     snapshots = Path(plan.snapshot_dir) if plan.snapshot_dir else None
 
     if plan.start == "strategy":

@@ -11,12 +11,13 @@ import hashlib
 import math
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 
 from .scenario import WorkloadSpec
+from .topology import Topology
 
 
 class Workload(ABC):
@@ -32,9 +33,18 @@ class Workload(ABC):
 
     #: keys of ``state_dict()`` whose values differ between ranks (the rest are replicated)
     rank_local_keys: tuple[str, ...] = ()
+    #: whether the model is split over ranks (tensor or pipeline parallel): such a workload is built
+    #: with ``topology=`` and its ``fingerprint`` digests the gathered, unsharded state
+    model_parallel: ClassVar[bool] = False
 
-    def __init__(self, spec: WorkloadSpec, rank: int, world_size: int):
+    @classmethod
+    def topology_problem(cls, spec: WorkloadSpec, tp: int, pp: int) -> str | None:
+        """Why this model cannot be split ``tp`` x ``pp`` ways (a model-parallel workload), or None."""
+        return None
+
+    def __init__(self, spec: WorkloadSpec, rank: int, world_size: int, topology: Topology | None = None):
         self.spec, self.rank, self.world_size = spec, rank, world_size
+        self.topology = topology or Topology.single_node(world_size)
 
     @property
     @abstractmethod
@@ -131,8 +141,8 @@ class MLPWorkload(TrainableWorkload):
     noise_scale = 0.05
     base_lr = 1e-3
 
-    def __init__(self, spec: WorkloadSpec, rank: int, world_size: int):
-        super().__init__(spec, rank, world_size)
+    def __init__(self, spec: WorkloadSpec, rank: int, world_size: int, topology: Topology | None = None):
+        super().__init__(spec, rank, world_size, topology)
         if spec.global_batch % world_size:
             raise ValueError(f"global batch {spec.global_batch} is not divisible by world size {world_size}")
         self.local_batch = spec.global_batch // world_size

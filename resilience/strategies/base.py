@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
+from ..topology import Topology
 from ..workload import Workload
 
 
@@ -13,11 +14,26 @@ from ..workload import Workload
 class StrategyContext:
     """What a strategy may know about the job it runs in."""
 
-    checkpoint_dir: Path  # shared by every rank; the strategy owns everything under it
+    checkpoint_dir: Path  # what this rank sees: shared by every rank, or its node's own (node-local storage)
     rank: int
     world_size: int
     previous_rank: int | None  # at restart: the rank whose place this rank takes (restart.rank_map)
     options: Mapping[str, Any] = field(default_factory=dict)
+    topology: Topology | None = None  # TP x PP x DP and placement of this phase (None: one node, pure DP)
+
+    @property
+    def placement(self) -> Topology:
+        return self.topology or Topology.single_node(self.world_size)
+
+    @property
+    def local_rank(self) -> int:
+        """This rank's index on its node, as torchrun's LOCAL_RANK."""
+        return self.placement.local_rank(self.rank)
+
+    @property
+    def node(self) -> int:
+        """The physical node this rank runs on."""
+        return self.placement.node_of(self.rank)
 
 
 class CheckpointStrategy(ABC):

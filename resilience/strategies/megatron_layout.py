@@ -1,0 +1,21 @@
+"""Where Megatron-LM's legacy checkpoint puts each model-parallel rank's file (no torch, no IO)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+TRACKER = "latest_checkpointed_iteration.txt"
+FILE_NAME = "model_optim_rng.pt"
+
+
+def checkpoint_file(root: Path, iteration: int, tp_rank: int, pp_rank: int, pp_size: int) -> Path:
+    """get_checkpoint_name: iter_XXXXXXX/mp_rank_TT[_PPP]/model_optim_rng.pt."""
+    shard = f"mp_rank_{tp_rank:02d}" if pp_size == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+    return Path(root) / f"iter_{iteration:07d}" / shard / FILE_NAME
+
+
+def read_tracker(text: str) -> int | None:
+    """The iteration the tracker names, or None when it is not an integer (Megatron-LM exits)."""
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
