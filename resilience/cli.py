@@ -39,7 +39,23 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--cache", type=Path, default=None,
                      help="reference-run cache directory (default: $RESILIENCE_CACHE or ~/.cache/resilience)")
     run.add_argument("--no-cache", action="store_true", help="run the reference in every case")
+    fuzz = sub.add_parser("fuzz", help="search save/restart topologies for a SILENT or HANG restore")
+    fuzz.add_argument("--strategy", required=True, help="built-in name or package.module:Class")
+    fuzz.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                      help="a strategy option (VALUE read as YAML), repeatable")
+    fuzz.add_argument("--examples", type=int, default=None, help="Hypothesis examples (default: the profile's)")
+    fuzz.add_argument("--profile", choices=("ci", "long"), default="ci")
+    fuzz.add_argument("--storage", choices=("shared", "node_local", "any"), default="any")
+    fuzz.add_argument("--tier", choices=("fast", "processes"), default="fast",
+                      help="fast: the strategy's restore model, thousands of rank maps a second; "
+                           "processes: real ranks through the harness")
+    fuzz.add_argument("--out", type=Path, default=Path("fuzz-counterexamples"),
+                      help="where a counterexample is written as a scenario file")
     args = parser.parse_args(argv)
+    if args.command == "fuzz":
+        from .fuzz.command import fuzz_command
+
+        return fuzz_command(args)
 
     cache = None if args.no_cache else ReferenceCache(args.cache or default_cache_dir())
     harness = Harness(backend=BACKENDS[args.backend](), work_root=args.workdir, keep=args.keep, cache=cache)

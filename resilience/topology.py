@@ -99,9 +99,13 @@ class Topology:
         return [tuple(self.rank_of(RankCoords(t, p, d)) for p in range(self.pp))
                 for d in range(self.dp) for t in range(self.tp)]
 
+    def storage_subdir(self, rank: int) -> str:
+        """Where ``rank``'s checkpoint directory is under the root: "" (shared) or its node's own."""
+        return "" if self.storage == SHARED else f"node{self.node_of(rank)}"
+
     def storage_dir(self, root: Path, rank: int) -> Path:
         """The checkpoint directory ``rank`` sees: the shared one, or its physical node's own."""
-        return root if self.storage == SHARED else root / f"node{self.node_of(rank)}"
+        return Path(root) / self.storage_subdir(rank)
 
     def describe(self) -> str:
         return (f"tp={self.tp} pp={self.pp} dp={self.dp} on nodes {list(self.node_ids)} "

@@ -92,3 +92,21 @@ class AtomicFallbackSave(CheckpointStrategy):
                 workload.load_state_dict(torch.load(files[self.context.rank], weights_only=True))
                 break
         dist.barrier()
+
+
+class LoadsByLocalRank(PerRankSave):
+    """Saves ckpt_rank_<global rank>.pt and loads ckpt_rank_<LOCAL_RANK>.pt: right on one node only."""
+
+    from resilience.fuzz.models import PerRankModel as _PerRankModel
+
+    class restore_model(_PerRankModel):
+        def file_for(self, restart, rank):
+            return f"ckpt_rank_{restart.local_rank(rank)}.pt"
+
+    def load(self, workload):
+        from resilience.strategies.torch_native import load_checked, newest_step_dir
+
+        directory = newest_step_dir(self.context.checkpoint_dir)
+        if directory is not None:
+            workload.load_state_dict(load_checked(directory / f"ckpt_rank_{self.context.local_rank}.pt", False))
+        dist.barrier()

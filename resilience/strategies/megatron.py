@@ -25,7 +25,6 @@ The paths come from `megatron_layout`, which the fuzzer evaluates without proces
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch

@@ -7,10 +7,14 @@ TRACKER = "latest_checkpointed_iteration.txt"
 FILE_NAME = "model_optim_rng.pt"
 
 
-def checkpoint_file(root: Path, iteration: int, tp_rank: int, pp_rank: int, pp_size: int) -> Path:
-    """get_checkpoint_name: iter_XXXXXXX/mp_rank_TT[_PPP]/model_optim_rng.pt."""
+def checkpoint_path(iteration: int, tp_rank: int, pp_rank: int, pp_size: int) -> str:
+    """get_checkpoint_name, relative: iter_XXXXXXX/mp_rank_TT[_PPP]/model_optim_rng.pt."""
     shard = f"mp_rank_{tp_rank:02d}" if pp_size == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
-    return Path(root) / f"iter_{iteration:07d}" / shard / FILE_NAME
+    return f"iter_{iteration:07d}/{shard}/{FILE_NAME}"
+
+
+def checkpoint_file(root: Path, iteration: int, tp_rank: int, pp_rank: int, pp_size: int) -> Path:
+    return Path(root) / checkpoint_path(iteration, tp_rank, pp_rank, pp_size)
 
 
 def read_tracker(text: str) -> int | None:

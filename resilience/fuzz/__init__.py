@@ -1,0 +1,1 @@
+"""Property-based topology fuzzing: restore models and the Hypothesis search over them."""
