@@ -237,7 +237,7 @@ def _id_items(combo: list[tuple[str, Any]]):
 def _id_value(value: Any) -> str:
     if isinstance(value, (dict, list)):
         return re.sub(r"[^\w.-]+", "_", str(value)).strip("_") or "x"
-    return str(value)
+    return re.sub(r"[^\w.*-]+", "_", str(value))  # a path's "/" would read as a test id separator
 
 
 def _check_key_path(source: str, key_path: Any, where: str = "matrix") -> None:
