@@ -60,7 +60,8 @@ def _supervise(layout: TorchrunLayout, incarnation: Incarnation, rank: int, chil
     write_atomically(layout.outcome_path(incarnation, rank), json.dumps(
         {"rank": rank, "pid": child, "returncode": code, "torn_down_by": torn_down[0] if torn_down else None}))
     if code < 0:  # end as the rank did: the agent reports the same signal
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two have no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         time.sleep(5)
     return code
@@ -89,8 +90,8 @@ def _rank(layout: TorchrunLayout, incarnation: Incarnation, rank: int) -> int:
             events.emit("phase_begin", phase=plan.name, launch=incarnation.launch, restart_count=incarnation.restart,
                         local_rank=int(os.environ.get("LOCAL_RANK", rank)), device=placement.device,
                         backend=placement.backend)
-            if not dist.is_initialized():  # env:// rendezvous through torchrun's store
-                dist.init_process_group(placement.backend, timeout=timedelta(seconds=plan.collective_timeout_s))
+            if not dist.is_initialized():
+                _join(placement.backend, rank, incarnation, timedelta(seconds=plan.collective_timeout_s))
             run(plan, rank, events)
         dist.destroy_process_group()
         return 0
@@ -100,6 +101,23 @@ def _rank(layout: TorchrunLayout, incarnation: Incarnation, rank: int) -> int:
             events = EventLog(plans[0].events_path(rank), rank)
         report_failure(events, exc)
         return 1
+
+
+def _join(backend: str, rank: int, incarnation: Incarnation, timeout) -> None:
+    """Join the process group through torchrun's store. The agent keeps one store for all its
+    restarts, so each incarnation uses keys of its own: a restarted group must not read the
+    addresses the dead group published (seen here as "Gloo connectFullMesh failed ... Connection
+    refused" in the restarted ranks)."""
+    import torch.distributed as dist
+
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":  # no agent store: torch's env:// as usual
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    world_size = int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=False, timeout=timeout)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"resilience/{incarnation.name}", store),
+                            rank=rank, world_size=world_size, timeout=timeout)
 
 
 def _enter(plan: PhasePlan, rank: int) -> None:
