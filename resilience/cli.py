@@ -1,4 +1,5 @@
-"""`python -m resilience run PATH... [--case ID]`: run scenario files outside pytest and print verdicts."""
+"""`python -m resilience run PATH... [--case ID]`: run scenario files outside pytest and print verdicts
+(`python -m resilience torchrun ...`: the same under torchrun)."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,7 @@ from .loader import is_scenario_file, load_file
 from .outcome import judge_case
 from .reference_cache import ReferenceCache, default_cache_dir
 from .report import render, verdict_line
+from .torchrun_cli import add_torchrun_command, torchrun_main
 
 
 def _scenario_files(paths: list[str]) -> list[Path]:
@@ -39,7 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--cache", type=Path, default=None,
                      help="reference-run cache directory (default: $RESILIENCE_CACHE or ~/.cache/resilience)")
     run.add_argument("--no-cache", action="store_true", help="run the reference in every case")
+    add_torchrun_command(sub)
     args = parser.parse_args(argv)
+    if args.command == "torchrun":
+        return torchrun_main(args)
 
     cache = None if args.no_cache else ReferenceCache(args.cache or default_cache_dir())
     harness = Harness(backend=BACKENDS[args.backend](), work_root=args.workdir, keep=args.keep, cache=cache)
