@@ -86,18 +86,23 @@ class TorchrunLayout:
         return replace(template, phase_dir=str(self.phase_dir(incarnation, phase)))
 
     def incarnations(self) -> list[Incarnation]:
-        found = []
-        for path in self.case_dir.iterdir() if self.case_dir.is_dir() else ():
-            match = _INCARNATION.match(path.name)
-            if match and path.is_dir():
-                found.append(Incarnation(int(match[1]), int(match[2])))
-        return sorted(found)
+        return incarnations_in(self.case_dir)
 
     def read_outcome(self, incarnation: Incarnation, rank: int) -> dict | None:
         try:
             return json.loads(self.outcome_path(incarnation, rank).read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             return None
+
+
+def incarnations_in(directory: Path) -> list[Incarnation]:
+    """The incarnations that left a directory under ``directory``, oldest first."""
+    found = []
+    for path in directory.iterdir() if directory.is_dir() else ():
+        match = _INCARNATION.match(path.name)
+        if match and path.is_dir():
+            found.append(Incarnation(int(match[1]), int(match[2])))
+    return sorted(found)
 
 
 def write_atomically(path: Path, text: str) -> None:
