@@ -34,6 +34,21 @@ def batch(step, global_batch, rank, world_size):
     return inputs[rank * local:(rank + 1) * local], targets[rank * local:(rank + 1) * local]
 
 
+def join(backend):
+    """init_process_group, under a key prefix of this restart when torchrun's agent hosts the store:
+    the agent keeps one store for every restart of a job, and a restarted group that reads the
+    addresses its dead predecessor published fails ("Gloo connectFullMesh failed ... Connection
+    refused") or waits (seen with torch 2.13 on gloo)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group(backend)
+        return
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group(backend, store=dist.PrefixStore(f"restart{restart}", store), rank=rank,
+                            world_size=world_size)
+
+
 def newest_checkpoint(directory):
     steps = sorted(int(p.name.split("_")[1]) for p in directory.glob("step_*") if p.is_dir())
     return directory / f"step_{steps[-1]}" / "checkpoint.pt" if steps else None
@@ -45,7 +60,7 @@ def main():
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl" if cuda else "gloo")
+    join("nccl" if cuda else "gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
 

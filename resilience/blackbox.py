@@ -160,11 +160,20 @@ class _BlackBoxRun:
             while torchrun.poll() is None:
                 self._check_contract(run_dir)
                 if time.monotonic() > deadline:
+                    self._dump_stacks(run_dir, launch)
                     return f"launch {launch} of {run_dir.name}"
                 time.sleep(POLL_S)
             return None
         finally:
             self._stop(torchrun, run_dir)
+
+    def _dump_stacks(self, run_dir: Path, launch: int) -> None:
+        """Every live rank of the launch prints its Python stack (faulthandler, armed by the hook)."""
+        for path in run_dir.glob(f"launch{launch}.*/rank*.events.jsonl"):
+            for event in _read_events(path)[:1]:
+                if _is_ours(event["pid"], self.work_dir):
+                    os.kill(event["pid"], signal.SIGUSR1)
+        time.sleep(1.0)
 
     def _stop(self, torchrun: subprocess.Popen, run_dir: Path) -> None:
         """torchrun's group, then any rank still alive (they die with torchrun's agent as well)."""

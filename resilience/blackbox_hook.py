@@ -29,6 +29,10 @@ def install(config_text: str) -> None:
     from .worker import EventLog, _die_with_parent, exception_chain
 
     _die_with_parent()  # an unmodified script never asks for it; no rank may outlive the driver
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the driver's HANG report: where it waits
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     incarnation = Incarnation.from_environment(os.environ)
     directory = Path(config["run_dir"]) / incarnation.name
