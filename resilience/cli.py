@@ -14,6 +14,7 @@ from .loader import is_scenario_file, load_file
 from .outcome import judge_case
 from .reference_cache import ReferenceCache, default_cache_dir
 from .report import render, verdict_line
+from .blackbox_cli import add_blackbox_command, blackbox_main
 from .torchrun_cli import add_torchrun_command, torchrun_main
 
 
@@ -42,9 +43,12 @@ def main(argv: list[str] | None = None) -> int:
                      help="reference-run cache directory (default: $RESILIENCE_CACHE or ~/.cache/resilience)")
     run.add_argument("--no-cache", action="store_true", help="run the reference in every case")
     add_torchrun_command(sub)
+    add_blackbox_command(sub)
     args = parser.parse_args(argv)
     if args.command == "torchrun":
         return torchrun_main(args)
+    if args.command == "blackbox":
+        return blackbox_main(args)
 
     cache = None if args.no_cache else ReferenceCache(args.cache or default_cache_dir())
     harness = Harness(backend=BACKENDS[args.backend](), work_root=args.workdir, keep=args.keep, cache=cache)

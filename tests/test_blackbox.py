@@ -108,3 +108,13 @@ def test_errors_after_an_injected_kill_are_consequences_and_a_restore_error_is_l
     verdict = judge_logs(REFERENCE, first, restart, None)
     assert verdict.kind is VerdictKind.LOUD and verdict.first_error.phase == "restart"
     assert judge_logs(REFERENCE, first, restart, "launch 0 of job").kind is VerdictKind.HANG
+
+
+def test_the_cli_qualifies_the_example_without_a_fault_through_a_second_launch(tmp_path, capsys):
+    from resilience.cli import main
+
+    assert main(["blackbox", "--workdir", str(tmp_path), str(EXAMPLE), "--checkpoint-dir", "{checkpoint_dir}"]) == 0
+    out = capsys.readouterr().out
+    assert "PASSED" in out and "RECOVERED" in out and "restored step: 12" in out
+    assert "restore in launch1.restart0" in out  # nothing failed, so the job was launched again
+    assert list(tmp_path.iterdir()) == []
