@@ -310,8 +310,8 @@ class _Driver:
             status = "failed"
         times = [e["time"] for rank in range(plan.world_size) for e in _read_events(plan.events_path(rank))]
         result = collect_phase(plan, status, codes, max(times) - min(times) if times else 0.0)
-        if incarnation.restart or incarnation.launch:  # which restart this was, for the report
-            result = replace(result, name=name if incarnation == self._first_restart() else f"{name} ({incarnation.name})")
+        if not incarnation.is_first and incarnation != self._first_restart():  # a later, unjudged attempt
+            result = replace(result, name=f"{name} ({incarnation.name})")
         if hung:
             result = replace(result, hang_summary=tuple(
                 where_waiting(record, record.rank in hang.stopped) for record in result.ranks
