@@ -25,9 +25,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .backend import rank_environment
 from .blackbox_verdict import RankLog, judge_logs
@@ -226,8 +227,8 @@ def _tail(path: Path) -> str:
 def describe(result: BlackBoxResult) -> str:
     """Verdict, findings and where the restart came from, for people."""
     verdict = result.verdict
-    lines = [f"verdict: {verdict.kind.value}   restored step: {verdict.restored_step}   "
-             f"newest checkpoint logged as saved on every rank: {verdict.complete_step}"]
+    lines = [(f"verdict: {verdict.kind.value}   restored step: {verdict.restored_step}   "
+              f"newest checkpoint logged as saved on every rank: {verdict.complete_step}")]
     lines += [f"  - {finding}" for finding in verdict.findings]
     if result.restart_incarnation:
         lines.append(f"restore in {result.restart_incarnation.name} "

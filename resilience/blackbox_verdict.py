@@ -23,7 +23,7 @@ class RankLog:
     fault_events: tuple[dict, ...]
 
     @classmethod
-    def from_events(cls, rank: int, events: list[dict]) -> "RankLog":
+    def from_events(cls, rank: int, events: list[dict]) -> RankLog:
         return cls(rank=rank, losses={e["step"]: e["loss"] for e in events if e["event"] == "loss"},
                    saved=tuple(e["step"] for e in events if e["event"] == "save_returned"),
                    restored=tuple(e["step"] for e in events if e["event"] == "restored"),

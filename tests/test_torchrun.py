@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 from resilience import device
+from resilience.cli import main as cli_main
+from resilience.elastic_layout import TorchrunLayout
+from resilience.scenario import VerdictKind
 from resilience.torchrun import (
     TorchrunIncompatible,
     TorchrunOptions,
@@ -15,9 +18,6 @@ from resilience.torchrun import (
     incompatibility,
     run_case_under_torchrun,
 )
-from resilience.elastic_layout import TorchrunLayout
-from resilience.cli import main as cli_main
-from resilience.scenario import VerdictKind
 
 from .harness_helpers import case_from
 
