@@ -170,6 +170,10 @@ class _Driver:
     # -- before the launch ------------------------------------------------------------------------
     def _prepare(self) -> None:
         layout, case = self.layout, self.case
+        if layout.incarnations():  # its files would be judged as this run's (on several nodes, no rank
+            # starts before every node's agent joined, so a node that prepares late still sees none)
+            raise HarnessError(f"case directory {layout.case_dir} holds an earlier run's ranks "
+                               f"({layout.incarnations()[0].name}); allowed: a new or empty directory")
         for directory in (layout.checkpoint_dir, layout.temp_dir, layout.template(REFERENCE).parent):
             directory.mkdir(parents=True, exist_ok=True)
         layout.case_file.write_text(json.dumps({"source": case.source, "id": case.id, "document": case.document}))

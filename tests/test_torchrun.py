@@ -10,6 +10,7 @@ import pytest
 from resilience import device
 from resilience.cli import main as cli_main
 from resilience.elastic_layout import TorchrunLayout
+from resilience.errors import HarnessError
 from resilience.scenario import VerdictKind
 from resilience.torchrun import (
     TorchrunIncompatible,
@@ -190,3 +191,9 @@ def test_a_killed_rank_on_gpus_restores_under_nccl(tmp_path):
     assert result.verdict.kind is VerdictKind.RECOVERED, result.verdict.findings
     assert {(e["backend"], e["device"]) for e in phase_begins(result, "restart")} == {("nccl", "cuda:0"),
                                                                                        ("nccl", "cuda:1")}
+
+
+def test_a_case_directory_with_an_earlier_run_in_it_is_refused(tmp_path):
+    (tmp_path / "launch0.restart0").mkdir()
+    with pytest.raises(HarnessError, match="holds an earlier run's ranks .launch0.restart0."):
+        run_case_under_torchrun(case_from(), case_dir=tmp_path)
