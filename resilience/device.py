@@ -73,3 +73,13 @@ def rank_device() -> str:
     """The device `for_rank` chose in this process (the CPU where no rank was placed: the harness,
     the forkserver's warm-up)."""
     return _chosen.device
+
+
+def machine_placement() -> str:
+    """What ranks started on this machine run on, for cache keys: a reference computed with gloo
+    on the CPU is not the oracle of ranks reducing with NCCL on GPUs (other bits)."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    placement = choose(count, 0, os.environ.get(FORCE_ENV, "auto"))
+    return f"{placement.backend} on {count} GPUs" if placement.is_cuda else f"{placement.backend} on the CPU"

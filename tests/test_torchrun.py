@@ -197,3 +197,13 @@ def test_a_case_directory_with_an_earlier_run_in_it_is_refused(tmp_path):
     (tmp_path / "launch0.restart0").mkdir()
     with pytest.raises(HarnessError, match="holds an earlier run's ranks .launch0.restart0."):
         run_case_under_torchrun(case_from(), case_dir=tmp_path)
+
+
+def test_the_reference_cache_key_tells_the_cpu_path_from_the_gpu_path(monkeypatch):
+    from resilience.reference_cache import reference_key
+
+    case = case_from()
+    assert device.machine_placement() in ("gloo on the CPU",) or device.machine_placement().startswith("nccl on ")
+    automatic = reference_key(case, False)
+    monkeypatch.setattr(device, "machine_placement", lambda: "nccl on 8 GPUs")
+    assert reference_key(case, False) != automatic
