@@ -139,6 +139,19 @@ def run_case_under_torchrun(case: Case, nnodes: int = 1, nproc_per_node: int | N
             shutil.rmtree(case_dir, ignore_errors=True)
 
 
+def torchrun_command(case: Case, options: TorchrunOptions, case_dir: Path, launch: int = 0) -> list[str]:
+    """The torchrun command line of one launch (the same on every node)."""
+    if options.nnodes == 1 and not options.rdzv_endpoint:
+        rendezvous = ["--standalone"]
+    else:
+        rdzv_id = options.rdzv_id or "resilience-" + hashlib.sha256(str(case_dir).encode()).hexdigest()[:12]
+        rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", options.rdzv_endpoint,
+                      "--rdzv-id", f"{rdzv_id}-{launch}"]
+    return [options.python, "-m", "torch.distributed.run", *rendezvous, "--nnodes", str(options.nnodes),
+            "--nproc-per-node", str(options.ranks_per_node(case)), "--max-restarts", str(options.max_restarts),
+            "--monitor-interval", "0.1", "-m", ENTRY_MODULE, str(case_dir)]
+
+
 @dataclass(frozen=True)
 class _Hang:
     incarnation: Incarnation
@@ -186,17 +199,6 @@ class _Driver:
                      PhasePlan(name=RESTART, start="strategy", save=True, inject=False, record_states=False, **common)):
             plan.write(layout.template(plan.name))
 
-    def command(self, launch: int) -> list[str]:
-        o = self.options
-        if o.nnodes == 1 and not o.rdzv_endpoint:
-            rendezvous = ["--standalone"]
-        else:
-            rdzv_id = o.rdzv_id or "resilience-" + hashlib.sha256(str(self.layout.case_dir).encode()).hexdigest()[:12]
-            rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", o.rdzv_endpoint, "--rdzv-id", f"{rdzv_id}-{launch}"]
-        return [o.python, "-m", "torch.distributed.run", *rendezvous, "--nnodes", str(o.nnodes),
-                "--nproc-per-node", str(o.ranks_per_node(self.case)), "--max-restarts", str(o.max_restarts),
-                "--monitor-interval", "0.1", "-m", ENTRY_MODULE, str(self.layout.case_dir)]
-
     def _environment(self, launch: int) -> dict[str, str]:
         env = rank_environment()
         if self.options.nnodes > 1 and "GLOO_SOCKET_IFNAME" not in os.environ:
@@ -208,7 +210,7 @@ class _Driver:
     # -- while it runs ----------------------------------------------------------------------------
     def _launch(self, launch: int) -> _Hang | None:
         with open(self.layout.torchrun_log(launch), "wb") as log:
-            torchrun = subprocess.Popen(self.command(launch), stdin=subprocess.DEVNULL, stdout=log,
+            torchrun = subprocess.Popen(torchrun_command(self.case, self.options, self.layout.case_dir, launch), stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT, env=self._environment(launch),
                                         start_new_session=True)
         started = time.time()

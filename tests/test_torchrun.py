@@ -9,15 +9,14 @@ import pytest
 
 from resilience import device
 from resilience.cli import main as cli_main
-from resilience.elastic_layout import TorchrunLayout
 from resilience.errors import HarnessError
 from resilience.scenario import VerdictKind
 from resilience.torchrun import (
     TorchrunIncompatible,
     TorchrunOptions,
-    _Driver,
     incompatibility,
     run_case_under_torchrun,
+    torchrun_command,
 )
 
 from .harness_helpers import case_from
@@ -136,14 +135,14 @@ def test_kill_and_version_faults_are_torchrun_compatible():
 
 def test_one_node_runs_standalone_and_several_use_the_c10d_endpoint(tmp_path):
     case = case_from(workload={"world_size": 4, "global_batch": 8})
-    layout = TorchrunLayout(tmp_path)
-    single = _Driver(case, layout, TorchrunOptions()).command(0)
+    single = torchrun_command(case, TorchrunOptions(), tmp_path)
     assert "--standalone" in single and single[single.index("--nproc-per-node") + 1] == "4"
-    multi = _Driver(case, layout, TorchrunOptions(nnodes=2, rdzv_endpoint="10.0.0.1:29400")).command(1)
+    multi = torchrun_command(case, TorchrunOptions(nnodes=2, rdzv_endpoint="10.0.0.1:29400"), tmp_path, launch=1)
     assert "--standalone" not in multi
     assert multi[multi.index("--rdzv-backend") + 1] == "c10d"
     assert multi[multi.index("--rdzv-endpoint") + 1] == "10.0.0.1:29400"
     assert multi[multi.index("--nproc-per-node") + 1] == "2" and multi[multi.index("--max-restarts") + 1] == "1"
+    assert multi[multi.index("--rdzv-id") + 1].endswith("-1")  # each launch is a job of its own
     assert multi[-3:] == ["-m", "resilience.elastic_entry", str(tmp_path)]
 
 
