@@ -1,4 +1,5 @@
-"""`python -m resilience run PATH... [--case ID]`: run scenario files outside pytest and print verdicts."""
+"""`python -m resilience run PATH... [--case ID]`: run scenario files outside pytest and print verdicts
+(`python -m resilience torchrun ...`: the same under torchrun)."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,8 @@ from .loader import is_scenario_file, load_file
 from .outcome import judge_case
 from .reference_cache import ReferenceCache, default_cache_dir
 from .report import render, verdict_line
+from .blackbox_cli import add_blackbox_command, blackbox_main
+from .torchrun_cli import add_torchrun_command, torchrun_main
 
 
 def _scenario_files(paths: list[str]) -> list[Path]:
@@ -51,7 +54,13 @@ def main(argv: list[str] | None = None) -> int:
                            "processes: real ranks through the harness")
     fuzz.add_argument("--out", type=Path, default=Path("fuzz-counterexamples"),
                       help="where a counterexample is written as a scenario file")
+    add_torchrun_command(sub)
+    add_blackbox_command(sub)
     args = parser.parse_args(argv)
+    if args.command == "torchrun":
+        return torchrun_main(args)
+    if args.command == "blackbox":
+        return blackbox_main(args)
     if args.command == "fuzz":
         from .fuzz.command import fuzz_command
 

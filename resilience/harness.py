@@ -244,6 +244,17 @@ class _Planner:
             topology=topology.as_dict() if topology else None)
 
 
+def collect_phase(plan: PhasePlan, status: str, codes: list[int | None], elapsed: float) -> PhaseResult:
+    """A phase's result from the files its ranks wrote (``codes``: exit statuses, None for a rank
+    torn down by its launcher), whoever started them: this harness or another launcher."""
+    return _collect(plan, status, codes, elapsed)
+
+
+def where_waiting(record: RankRecord, stopped: bool) -> str:
+    """Where a rank of a phase past its deadline waits, from the stack it dumped (see `_where_waiting`)."""
+    return _where_waiting(record, stopped)
+
+
 def _collect(plan: PhasePlan, status: str, codes: list[int | None], elapsed: float) -> PhaseResult:
     records = []
     for rank, code in enumerate(codes):

@@ -35,6 +35,7 @@ def reference_key(case: Case, with_snapshots: bool) -> str:
     import torch
 
     from . import worker, workload
+    from .device import machine_placement
 
     strategy = plugins.resolve("strategy", case.strategy.name)
     trainer = strategy.trainer(case.strategy.options)
@@ -48,6 +49,7 @@ def reference_key(case: Case, with_snapshots: bool) -> str:
         "workload": asdict(case.workload), "snapshots": with_snapshots, "trainer": trainer,
         "collective_timeout_s": case.timeouts.collective_s,
         "parallel": case.placement.parallel,  # placement and storage do not change the numbers
+        "placement": machine_placement(),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
 

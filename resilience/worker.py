@@ -52,6 +52,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     import torch.distributed as dist
 
     from . import plugins
+    from .device import for_rank
     from .faults.base import Clock, RankEnvironment
     from .interception import Interceptor
     from .loader import read_case_file
@@ -81,9 +82,11 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
         expose(rank=rank, world_size=plan.world_size, case_file=Path(plan.case_file), checkpoint_dir=checkpoint_dir,
                events_path=plan.events_path(rank), clock_path=clock.publish_to)
 
-    store = dist.FileStore(plan.store_path, plan.world_size)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=plan.world_size,
-                            timeout=timedelta(seconds=plan.collective_timeout_s))
+    owns_group = not dist.is_initialized()  # a launcher's entry (torchrun) may have joined already
+    if owns_group:
+        store = dist.FileStore(plan.store_path, plan.world_size)
+        dist.init_process_group(for_rank(rank).backend, store=store, rank=rank, world_size=plan.world_size,
+                                timeout=timedelta(seconds=plan.collective_timeout_s))
     events.emit("joined", world_size=plan.world_size, versions=_versions(), node=topology.node_of(rank),
                 local_rank=topology.local_rank(rank))
     context = StrategyContext(checkpoint_dir=checkpoint_dir, rank=rank, world_size=plan.world_size,
@@ -145,7 +148,8 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
             saved_step = step
     dist.barrier()
     events.emit("done", step=workload.step, peak_rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-    dist.destroy_process_group()
+    if owns_group:
+        dist.destroy_process_group()
 
 
 def _private_temp_dir() -> None:
@@ -201,12 +205,17 @@ def main(argv: list[str]) -> int:
     try:
         run(plan, rank, events)
     except BaseException as exc:  # every failure, SystemExit included, is evidence for the verdict
-        events.emit("error", type=type(exc).__name__, message=str(exc)[:4000], chain=exception_chain(exc),
-                    traceback=traceback.format_exc()[-8000:])
-        traceback.print_exc()
-        sys.stderr.flush()
+        report_failure(events, exc)
         os._exit(1)  # peers may be stuck in a collective: do not wait for a clean shutdown
     return 0
+
+
+def report_failure(events: EventLog, exc: BaseException) -> None:
+    """The rank's error as the verdict's evidence (event log) and for people (stderr)."""
+    events.emit("error", type=type(exc).__name__, message=str(exc)[:4000], chain=exception_chain(exc),
+                traceback=traceback.format_exc()[-8000:])
+    traceback.print_exc()
+    sys.stderr.flush()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from .device import rank_device
 from .scenario import WorkloadSpec
 from .topology import Topology
 
@@ -147,17 +148,19 @@ class MLPWorkload(TrainableWorkload):
             raise ValueError(f"global batch {spec.global_batch} is not divisible by world size {world_size}")
         self.local_batch = spec.global_batch // world_size
         hidden = _hidden_width(spec.size_bytes, self.input_dim)
+        self.device = torch.device(rank_device())  # cuda:LOCAL_RANK under NCCL, else the CPU
         torch.manual_seed(spec.seed)
         self.model = torch.nn.Sequential(
             torch.nn.Linear(self.input_dim, hidden), torch.nn.Tanh(),
             torch.nn.Linear(hidden, hidden), torch.nn.Tanh(),
-            torch.nn.Linear(hidden, 1))
+            torch.nn.Linear(hidden, 1)).to(self.device)  # built on the CPU: the same initial bits
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.base_lr, foreach=False)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_factor)
         data_gen = torch.Generator().manual_seed(spec.seed + 1)
         self.inputs = torch.randn(self.dataset_size, self.input_dim, generator=data_gen)
         teacher = torch.randn(self.input_dim, 1, generator=data_gen)
-        self.targets = torch.tanh(self.inputs @ teacher)
+        self.targets = torch.tanh(self.inputs @ teacher).to(self.device)
+        self.inputs = self.inputs.to(self.device)
         stream_seed = spec.seed + 2 + (rank + 1) * 7919 if spec.rank_rng == "distinct" else spec.seed + 2
         self.rng = torch.Generator().manual_seed(stream_seed)
         # with one stream shared by all ranks, the stream is replicated state like the model
@@ -192,7 +195,8 @@ class MLPWorkload(TrainableWorkload):
             noise = torch.randn(self.spec.global_batch, self.input_dim, generator=self.rng)[start:start + self.local_batch]
         else:
             noise = torch.randn(self.local_batch, self.input_dim, generator=self.rng)
-        return self.inputs[local] + self.noise_scale * noise, self.targets[local]
+        local = local.to(self.device)  # the data order and the noise stream stay on the CPU
+        return self.inputs[local] + self.noise_scale * noise.to(self.device), self.targets[local]
 
     def local_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean squared error over this rank's examples (an engine averages it over ranks)."""

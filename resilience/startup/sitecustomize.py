@@ -20,6 +20,19 @@ def _install() -> None:
     install(config)
 
 
+def _install_blackbox() -> None:
+    """A user's own training script under torchrun (black-box mode): see resilience.blackbox_hook."""
+    config = os.environ.get("RESILIENCE_BLACKBOX")
+    if not config:
+        return
+    import json
+
+    sys.path.insert(0, json.loads(config)["project_root"])
+    from resilience.blackbox_hook import install
+
+    install(config)
+
+
 def _chain() -> None:
     """The sitecustomize this one shadows (a distribution's own), if there is one."""
     import importlib.machinery
@@ -33,4 +46,5 @@ def _chain() -> None:
 
 
 _install()
+_install_blackbox()
 _chain()

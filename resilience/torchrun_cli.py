@@ -1,0 +1,69 @@
+"""`resilience torchrun PATH... [--case ID] [--nnodes N --nproc-per-node M --max-restarts R ...]`:
+scenario cases run under torchrun (one job per case), verdicts printed as `resilience run` does."""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from .errors import ResilienceError, Unavailable
+from .loader import load_file
+from .outcome import judge_case
+from .report import render, verdict_line
+from .torchrun import STARTUP_S, run_case_under_torchrun
+
+
+def add_torchrun_command(sub) -> None:
+    command = sub.add_parser("torchrun", help="run scenario cases under torchrun (elastic restarts)",
+                             description=__doc__)
+    command.add_argument("paths", nargs="+", help="scenario files or directories of them")
+    command.add_argument("--case", help="run only the case with this id")
+    command.add_argument("--nnodes", type=int, default=1)
+    command.add_argument("--nproc-per-node", type=int, default=None,
+                         help="default: the case's world size divided by --nnodes")
+    command.add_argument("--max-restarts", type=int, default=1)
+    command.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (several nodes); "
+                                                 "without it, one node runs --standalone")
+    command.add_argument("--rdzv-id", help="the job id shared by every node (default: from --case-dir)")
+    command.add_argument("--case-dir", type=Path,
+                         help="the case directory, the same shared path on every node (one case only); kept")
+    command.add_argument("--workdir", type=Path, help="where fresh case directories go")
+    command.add_argument("--keep", action="store_true", help="keep each fresh case directory")
+    command.add_argument("--startup", type=float, default=STARTUP_S,
+                         help="seconds allowed for torchrun's start and rendezvous before a phase deadline counts")
+
+
+def torchrun_main(args: argparse.Namespace) -> int:
+    from .cli import _scenario_files
+
+    cases, failures = [], 0
+    for path in _scenario_files(args.paths):
+        try:
+            cases += [c for c in load_file(path).cases if not args.case or c.id == args.case]
+        except ResilienceError as exc:
+            print(f"ERROR {exc}", flush=True)
+            failures += 1
+    if args.case_dir and len(cases) != 1:
+        print(f"ERROR --case-dir {args.case_dir}: names the directory of one case; got {len(cases)} cases "
+              f"(select one with --case)", flush=True)
+        return 1
+    for case in cases:
+        try:
+            result = run_case_under_torchrun(
+                case, args.nnodes, args.nproc_per_node, args.max_restarts, rdzv_endpoint=args.rdzv_endpoint,
+                rdzv_id=args.rdzv_id, case_dir=args.case_dir, work_root=args.workdir, keep=args.keep,
+                startup_s=args.startup)
+        except Unavailable as exc:
+            print(f"SKIPPED {case.source}[{case.id}]: {exc}", flush=True)
+            failures += os.environ.get("CI") == "true"  # a missing install must not hide
+            continue
+        except ResilienceError as exc:  # incompatible with torchrun, or the job never ran
+            print(f"ERROR {exc}", flush=True)
+            failures += 1
+            continue
+        outcome = judge_case(result)
+        print(f"{outcome.status.upper():<6} {verdict_line(result)}", flush=True)
+        if outcome.status == "failed":
+            failures += 1
+            print(render(result, outcome.reason), flush=True)
+    return 1 if failures else 0

@@ -1,0 +1,120 @@
+"""Black-box mode: an unmodified training script under real torchrun, a fault armed by the startup
+hook, the verdict from the lines it logs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from resilience.blackbox import BlackBoxJob, fault_spec, qualify_script
+from resilience.blackbox_verdict import RankLog, judge_logs
+from resilience.contract import ContractLine, parse_line
+from resilience.elastic_layout import Incarnation
+from resilience.errors import ScenarioError
+from resilience.scenario import VerdictKind
+
+from .test_torchrun import our_processes
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py"
+KILL_AFTER_STEP_6 = {"kind": "kill", "rank": 1, "step": 6}
+
+
+def qualify(tmp_path, fault, *extra):
+    job = BlackBoxJob(script=EXAMPLE, args=("--checkpoint-dir", "{checkpoint_dir}", *extra))
+    result = qualify_script(job, fault, work_root=tmp_path)
+    assert list(tmp_path.iterdir()) == [], "the run's directory was left behind"
+    assert our_processes(tmp_path) == [], "a rank or torchrun outlived the run"
+    return result
+
+
+# -- real torchrun ----------------------------------------------------------------------------------
+
+def test_the_example_script_killed_after_step_6_recovers_through_the_elastic_restart(tmp_path):
+    result = qualify(tmp_path, KILL_AFTER_STEP_6)
+    assert result.verdict.kind is VerdictKind.RECOVERED, result.verdict.findings
+    assert result.verdict.restored_step == 4 and result.verdict.complete_step == 4
+    assert result.restart_incarnation == Incarnation(launch=0, restart=1)
+    assert [e["rank"] for log in result.first_run for e in log.fault_events] == [1]
+    assert all(max(log.losses) == 12 for log in result.restart)  # it trained to the end, bitwise
+
+
+def test_the_example_script_that_forgets_its_optimizer_is_silent(tmp_path):
+    result = qualify(tmp_path, KILL_AFTER_STEP_6, "--skip-optimizer-restore")
+    assert result.verdict.kind is VerdictKind.SILENT, result.verdict.findings
+    assert result.verdict.divergence.phase == "restart" and result.verdict.divergence.step > 4
+
+
+def test_the_example_script_resuming_from_a_torn_checkpoint_is_loud(tmp_path):
+    torn = {"kind": "kill", "rank": 0, "step": 8, "point": "write", "file": "step_8/*", "after_bytes": 4096}
+    result = qualify(tmp_path, torn)
+    assert result.verdict.kind is VerdictKind.LOUD, result.verdict.findings
+    error = result.verdict.first_error
+    assert error.phase == "restart" and "central directory" in error.summary()
+    assert [e["offset"] for log in result.first_run for e in log.fault_events] == [4096]
+
+
+# -- the contract, the fault and the oracle, without processes --------------------------------------
+
+def test_contract_lines_parse_exactly_and_other_output_is_ignored():
+    assert parse_line(f"RESILIENCE step=3 loss={(0.1).hex()}") == ContractLine("step", 3, 0.1)
+    assert parse_line("RESILIENCE step=3 loss=0.1") == ContractLine("step", 3, 0.1)
+    assert parse_line("RESILIENCE saved step=8\n") == ContractLine("saved", 8)
+    assert parse_line("RESILIENCE restored step=0") == ContractLine("restored", 0)
+    assert parse_line("epoch 1 loss 0.3") is None
+    with pytest.raises(ValueError, match="malformed line; got 'RESILIENCE saved 8'"):
+        parse_line("RESILIENCE saved 8")
+    with pytest.raises(ValueError, match="loss is not a float; got 'nan-ish'"):
+        parse_line("RESILIENCE step=1 loss=nan-ish")
+
+
+@pytest.mark.parametrize("document, key", [
+    ({"kind": "stall", "rank": 0, "step": 1}, "fault.kind"),
+    ({"kind": "kill", "rank": -1, "step": 1}, "fault.rank"),
+    ({"kind": "kill", "rank": 0, "step": 1, "phase": "train"}, "fault.phase"),
+    ({"kind": "kill", "rank": 0, "step": 1, "point": "write", "file": "x"}, "fault.after_bytes"),
+    ({"kind": "kill", "rank": 0, "step": 1, "point": "open"}, "fault.file"),
+    ({"kind": "kill", "rank": 0, "step": 1, "seconds": 3}, "fault.seconds"),
+])
+def test_a_bad_black_box_fault_names_the_key(document, key):
+    with pytest.raises(ScenarioError, match=key.replace(".", r"\.")):
+        fault_spec(document)
+
+
+def log(rank, losses, saved=(), restored=(), errors=(), fault_events=()):
+    return RankLog(rank, dict(losses), tuple(saved), tuple(restored), tuple(errors), tuple(fault_events))
+
+
+REFERENCE = {1: 0.5, 2: 0.4, 3: 0.3, 4: 0.2}
+KILL = {"event": "fault_fired", "ends_process": True, "time": 10.0}
+
+
+def test_the_oracle_wants_the_newest_saved_step_and_the_reference_losses_after_it():
+    first = [log(0, {1: 0.5, 2: 0.4}, saved=[2]), log(1, {1: 0.5, 2: 0.4}, saved=[2], fault_events=[KILL])]
+    good = [log(r, {3: 0.3, 4: 0.2}, restored=[2]) for r in (0, 1)]
+    assert judge_logs(REFERENCE, first, good, None).kind is VerdictKind.RECOVERED
+    older = [log(r, {1: 0.5, 2: 0.4, 3: 0.3, 4: 0.2}, restored=[0]) for r in (0, 1)]
+    verdict = judge_logs(REFERENCE, first, older, None)
+    assert verdict.kind is VerdictKind.SILENT and "lost checkpoint" in verdict.findings[0]
+    short = [log(r, {3: 0.3}, restored=[2]) for r in (0, 1)]
+    assert "ended at step 3" in judge_logs(REFERENCE, first, short, None).findings[0]
+    assert judge_logs(REFERENCE, first, None, None).kind is VerdictKind.SILENT  # nothing was restored
+
+
+def test_errors_after_an_injected_kill_are_consequences_and_a_restore_error_is_loud():
+    peer_error = {"event": "error", "rank": 0, "type": "RuntimeError", "message": "Connection closed", "time": 11.0}
+    first = [log(0, {1: 0.5}, saved=[], errors=[peer_error]), log(1, {1: 0.5}, fault_events=[KILL])]
+    restore_error = dict(peer_error, message="failed finding central directory", time=20.0)
+    restart = [log(0, {}, errors=[restore_error]), log(1, {})]
+    verdict = judge_logs(REFERENCE, first, restart, None)
+    assert verdict.kind is VerdictKind.LOUD and verdict.first_error.phase == "restart"
+    assert judge_logs(REFERENCE, first, restart, "launch 0 of job").kind is VerdictKind.HANG
+
+
+def test_the_cli_qualifies_the_example_without_a_fault_through_a_second_launch(tmp_path, capsys):
+    from resilience.cli import main
+
+    assert main(["blackbox", "--workdir", str(tmp_path), str(EXAMPLE), "--checkpoint-dir", "{checkpoint_dir}"]) == 0
+    out = capsys.readouterr().out
+    assert "PASSED" in out and "RECOVERED" in out and "restored step: 12" in out
+    assert "restore in launch1.restart0" in out  # nothing failed, so the job was launched again
+    assert list(tmp_path.iterdir()) == []
