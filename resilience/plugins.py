@@ -13,6 +13,7 @@ STRATEGIES = {
     "deepspeed.zero1": "resilience.strategies.deepspeed_zero:Zero1",
     "deepspeed.zero2": "resilience.strategies.deepspeed_zero:Zero2",
     "deepspeed.zero3": "resilience.strategies.deepspeed_zero:Zero3",
+    "dcp": "resilience.strategies.dcp:DcpCheckpoint",
 }
 FAULTS = {
     "none": "resilience.faults.noop:NoFault",
