@@ -179,7 +179,7 @@ class DcpCheckpoint(CheckpointStrategy):
         import torch.distributed.checkpoint as dcp
 
         if self.storage == "fsspec":
-            from torch.distributed.checkpoint import FsspecWriter
+            from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
             return FsspecWriter(f"file://{path}")
         return dcp.FileSystemWriter(str(path))
@@ -188,7 +188,7 @@ class DcpCheckpoint(CheckpointStrategy):
         import torch.distributed.checkpoint as dcp
 
         if self.storage == "fsspec":
-            from torch.distributed.checkpoint import FsspecReader
+            from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
             return FsspecReader(f"file://{path}")
         return dcp.FileSystemReader(str(path))
