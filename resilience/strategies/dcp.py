@@ -20,6 +20,7 @@ the previous save to be committed, and the job's last save is committed when tra
 """
 from __future__ import annotations
 
+import concurrent.futures
 import re
 from collections.abc import Mapping
 from datetime import timedelta
@@ -154,7 +155,13 @@ class FsdpTrainedWorkload(Workload):
 class DcpCheckpoint(CheckpointStrategy):
     """``dcp.save`` (or ``dcp.async_save``) of the FSDP2-sharded state into ``step_<N>/`` on every
     rank after a checkpoint step; at restart, ``dcp.load`` of the newest step directory whose
-    ``.metadata`` exists (rank 0 chooses, every rank loads the same), at any world size."""
+    ``.metadata`` exists (rank 0 chooses, every rank loads the same), at any world size.
+
+    Every rank calls every method, together (each is collective): ``prepare`` once per process,
+    ``save`` per checkpoint step, ``load`` once at restart, ``finish`` after the last step. In async
+    mode ``save(N)`` first waits for the previous save's future (committing it), stages step N and
+    returns while a background thread writes it; ``finish`` waits for the last one.
+    """
 
     options = ("mode", "storage")
     option_values: ClassVar[Mapping[str, tuple[str, ...]]] = {"mode": MODES, "storage": STORAGES}
@@ -219,7 +226,7 @@ class DcpCheckpoint(CheckpointStrategy):
         self.pending = self.pending_step = None
         try:
             pending.result(timeout=job_timeout().total_seconds())
-        except TimeoutError as exc:
+        except concurrent.futures.TimeoutError as exc:  # not the builtin one before Python 3.11
             raise TimeoutError(f"the async DCP save of step {step} was not written within "
                                f"{job_timeout().total_seconds():g} s") from exc
 
