@@ -14,6 +14,7 @@ STRATEGIES = {
     "deepspeed.zero2": "resilience.strategies.deepspeed_zero:Zero2",
     "deepspeed.zero3": "resilience.strategies.deepspeed_zero:Zero3",
     "megatron": "resilience.strategies.megatron:MegatronCheckpoint",
+    "dcp": "resilience.strategies.dcp:DcpCheckpoint",
 }
 FAULTS = {
     "none": "resilience.faults.noop:NoFault",

@@ -146,6 +146,8 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
             if fault:
                 fault.after_save(strategy, step)
             saved_step = step
+    if plan.save:
+        strategy.finish(workload)
     dist.barrier()
     events.emit("done", step=workload.step, peak_rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     if owns_group:

@@ -59,8 +59,23 @@ def _preload_deepspeed() -> None:
         importlib.import_module(module)
 
 
+def _preload_dcp() -> None:
+    """torch.distributed.checkpoint and FSDP2 (seconds of imports per rank otherwise); they start
+    no threads."""
+    import importlib
+    import importlib.util
+
+    modules = ["torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
+               "torch.distributed.fsdp", "torch.distributed.device_mesh", "resilience.strategies.dcp"]
+    if importlib.util.find_spec("fsspec") is not None:
+        modules.append("torch.distributed.checkpoint._fsspec_filesystem")
+    for module in modules:
+        importlib.import_module(module)
+
+
 _warm_up()
 _preload_deepspeed()
+_preload_dcp()
 
 
 def native_thread_count() -> int:

@@ -49,6 +49,8 @@ class CheckpointStrategy(ABC):
          rank, once, before training resumes. It restores the newest checkpoint it trusts through
          ``workload.load_state_dict`` (training then resumes at ``workload.step``), leaves the
          workload untouched to start from scratch, or raises to refuse. Then ``save`` as in 2.
+      4. ``finish(workload)`` on every rank after the last training step of a phase that saves (first
+         run and restart): a strategy whose saves complete in the background commits the last one.
     Faults reach a strategy's files through ``open``, ``torch.save`` and ``os.fsync`` on paths under
     ``context.checkpoint_dir``; a strategy needs no code of its own for that.
     """
@@ -100,6 +102,9 @@ class CheckpointStrategy(ABC):
     @abstractmethod
     def save(self, workload: Workload, step: int) -> None:
         """Save ``workload.state_dict()`` for ``step``; called on every rank."""
+
+    def finish(self, workload: Workload) -> None:
+        """Commit whatever save is still in flight; called on every rank once training ended."""
 
     @abstractmethod
     def load(self, workload: Workload) -> None:
