@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from .scenario import WorkloadSpec
 from .topology import Topology
-from .workload import Workload, _digest, _flatten, _hidden_width, _lr_factor
+from .workload import ShuffledSampler, Workload, _digest, _flatten, _hidden_width, _lr_factor, synthetic_dataset
 
 # Three blocks of layers; a pipeline of pp stages holds them as STAGE_BLOCKS[pp][stage].
 STAGE_BLOCKS = {1: ((0, 1, 2),), 2: ((0, 1), (2,)), 3: ((0,), (1,), (2,))}
@@ -104,15 +104,12 @@ class TensorParallelMLP(Workload):
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.base_lr, foreach=False)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_factor)
 
-        data_gen = torch.Generator().manual_seed(spec.seed + 1)
-        self.inputs = torch.randn(self.dataset_size, self.input_dim, generator=data_gen)
-        teacher = torch.randn(self.input_dim, 1, generator=data_gen)
-        self.targets = torch.tanh(self.inputs @ teacher)
+        self.inputs, self.targets = synthetic_dataset(spec.seed, self.dataset_size, self.input_dim)
         distinct = spec.rank_rng == "distinct"
         self.rng = torch.Generator().manual_seed(spec.seed + 2 + ((self.coords.dp + 1) * 7919 if distinct else 0))
         self.rank_local_keys = ("rng",) if distinct else ()
-        self._step, self.epoch, self.position = 0, 0, 0
-        self._permutation = self._epoch_permutation(0)
+        self._step = 0
+        self.sampler = ShuffledSampler(spec.seed, self.dataset_size, spec.global_batch)
 
     # -- sharding ---------------------------------------------------------------------------------
     def _shard(self, name: str, full: torch.Tensor) -> torch.Tensor:
@@ -130,17 +127,9 @@ class TensorParallelMLP(Workload):
     def step(self) -> int:
         return self._step
 
-    def _epoch_permutation(self, epoch: int) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + epoch)
-        return torch.randperm(self.dataset_size, generator=generator)
-
     def _next_local_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         batch = self.spec.global_batch
-        if self.position + batch > self.dataset_size:
-            self.epoch, self.position = self.epoch + 1, 0
-            self._permutation = self._epoch_permutation(self.epoch)
-        indices = self._permutation[self.position:self.position + batch]
-        self.position += batch
+        indices = self.sampler.next_indices()
         start = self.coords.dp * self.local_batch
         local = indices[start:start + self.local_batch]
         if self.spec.rank_rng == "same":
@@ -206,14 +195,13 @@ class TensorParallelMLP(Workload):
         """This rank's shard: what a model-parallel checkpoint holds for it."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "step": self._step,
-                "data": {"epoch": self.epoch, "position": self.position}, "rng": self.rng.get_state()}
+                "data": self.sampler.state(), "rng": self.rng.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])  # strict: a missing key or another shard shape raises
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.epoch, self.position = int(state["data"]["epoch"]), int(state["data"]["position"])
-        self._permutation = self._epoch_permutation(self.epoch)
+        self.sampler.load(state["data"])
         self.rng.set_state(state["rng"])
         self._step = int(state["step"])
 
@@ -235,7 +223,7 @@ class TensorParallelMLP(Workload):
                 "optimizer": {"state": {n: {k: v for k, v in e.items() if k != "param"} for n, e in full.items()},
                               "group": group},
                 "scheduler": self.scheduler.state_dict(), "step": self._step,
-                "data": {"epoch": self.epoch, "position": self.position}}
+                "data": self.sampler.state()}
 
     def fingerprint(self) -> dict[str, str]:
         state = {**self.full_state(), "rng": self.rng.get_state()}

@@ -156,39 +156,22 @@ class MLPWorkload(TrainableWorkload):
             torch.nn.Linear(hidden, 1)).to(self.device)  # built on the CPU: the same initial bits
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.base_lr, foreach=False)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_factor)
-        data_gen = torch.Generator().manual_seed(spec.seed + 1)
-        self.inputs = torch.randn(self.dataset_size, self.input_dim, generator=data_gen)
-        teacher = torch.randn(self.input_dim, 1, generator=data_gen)
-        self.targets = torch.tanh(self.inputs @ teacher).to(self.device)
-        self.inputs = self.inputs.to(self.device)
+        inputs, targets = synthetic_dataset(spec.seed, self.dataset_size, self.input_dim)
+        self.inputs, self.targets = inputs.to(self.device), targets.to(self.device)
         stream_seed = spec.seed + 2 + (rank + 1) * 7919 if spec.rank_rng == "distinct" else spec.seed + 2
         self.rng = torch.Generator().manual_seed(stream_seed)
         # with one stream shared by all ranks, the stream is replicated state like the model
         self.rank_local_keys = ("rng",) if spec.rank_rng == "distinct" else ()
         self._step = 0
-        self.epoch, self.position = 0, 0
-        self._permutation = self._epoch_permutation(0)
+        self.sampler = ShuffledSampler(spec.seed, self.dataset_size, spec.global_batch)
 
     @property
     def step(self) -> int:
         return self._step
 
-    def _epoch_permutation(self, epoch: int) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + epoch)
-        return torch.randperm(self.dataset_size, generator=generator)
-
-    def _next_global_batch(self) -> torch.Tensor:
-        batch = self.spec.global_batch
-        if self.position + batch > self.dataset_size:
-            self.epoch, self.position = self.epoch + 1, 0
-            self._permutation = self._epoch_permutation(self.epoch)
-        indices = self._permutation[self.position:self.position + batch]
-        self.position += batch
-        return indices
-
     def next_local_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's slice of the next global batch, (inputs, targets); advances data and noise."""
-        indices = self._next_global_batch()
+        indices = self.sampler.next_indices()
         start = self.rank * self.local_batch
         local = indices[start:start + self.local_batch]
         if self.spec.rank_rng == "same":
@@ -232,7 +215,7 @@ class MLPWorkload(TrainableWorkload):
         }
 
     def progress_state(self) -> dict[str, Any]:
-        return {"step": self._step, "data": {"epoch": self.epoch, "position": self.position},
+        return {"step": self._step, "data": self.sampler.state(),
                 "rng": self.rng.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -242,10 +225,46 @@ class MLPWorkload(TrainableWorkload):
         self.load_progress_state(state)
 
     def load_progress_state(self, state: dict[str, Any]) -> None:
-        self.epoch, self.position = int(state["data"]["epoch"]), int(state["data"]["position"])
-        self._permutation = self._epoch_permutation(self.epoch)
+        self.sampler.load(state["data"])
         self.rng.set_state(state["rng"])
         self._step = int(state["step"])
+
+
+class ShuffledSampler:
+    """Global batches of dataset indices, reshuffled every epoch from the seed; ``state()`` (epoch
+    and position) is what a checkpoint must carry to resume the same data order."""
+
+    def __init__(self, seed: int, dataset_size: int, global_batch: int):
+        self.seed, self.dataset_size, self.global_batch = seed, dataset_size, global_batch
+        self.epoch, self.position = 0, 0
+        self._permutation = self._epoch_permutation(0)
+
+    def _epoch_permutation(self, epoch: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(self.dataset_size, generator=generator)
+
+    def next_indices(self) -> torch.Tensor:
+        if self.position + self.global_batch > self.dataset_size:
+            self.epoch, self.position = self.epoch + 1, 0
+            self._permutation = self._epoch_permutation(self.epoch)
+        indices = self._permutation[self.position:self.position + self.global_batch]
+        self.position += self.global_batch
+        return indices
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._permutation = self._epoch_permutation(self.epoch)
+
+
+def synthetic_dataset(seed: int, size: int, input_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and the targets a fixed random tanh teacher gives them."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    inputs = torch.randn(size, input_dim, generator=generator)
+    teacher = torch.randn(input_dim, 1, generator=generator)
+    return inputs, torch.tanh(inputs @ teacher)
 
 
 def _lr_factor(step: int) -> float:

@@ -132,15 +132,12 @@ def _step_dir(directory: str) -> str:
     return f"{directory}/step_{STEP:08d}"
 
 
-class PerRankModel(RestoreModel):
-    """torch.per_rank: ``step_N/ckpt_rank_<global rank>.pt`` from every rank; the newest step
-    directory the rank's storage shows, else start from scratch; its own file, else loud."""
-
-    def writes(self, save, rank):
-        return [(f"{_step_dir(storage(save, rank))}/ckpt_rank_{rank}.pt", holding(save, rank, self.distinct_streams))]
+class StepDirectoryModel(RestoreModel):
+    """The torch schemes: files in ``step_N/``; at restore the newest step directory the rank's
+    storage shows (none: start from scratch), then ``file_for`` in it (missing: loud)."""
 
     def file_for(self, restart: Topology, rank: int) -> str:
-        return f"ckpt_rank_{rank}.pt"
+        raise NotImplementedError
 
     def restore(self, restart, rank, disks):
         step_dir = _step_dir(storage(restart, rank))
@@ -152,22 +149,27 @@ class PerRankModel(RestoreModel):
         return RankRestore(state=disks[path])
 
 
-class RankZeroModel(RestoreModel):
-    """torch.rank0: rank 0 writes ``step_N/model_optim.pt``; every rank loads it."""
+class PerRankModel(StepDirectoryModel):
+    """torch.per_rank: ``step_N/ckpt_rank_<global rank>.pt`` from every rank, read back by rank."""
+
+    def writes(self, save, rank):
+        return [(f"{_step_dir(storage(save, rank))}/ckpt_rank_{rank}.pt", holding(save, rank, self.distinct_streams))]
+
+    def file_for(self, restart, rank):
+        return f"ckpt_rank_{rank}.pt"
+
+
+class RankZeroModel(StepDirectoryModel):
+    """torch.rank0: rank 0 writes ``step_N/model_optim.pt``; every rank loads it (rank 0's shard and
+    noise stream, everywhere)."""
 
     def writes(self, save, rank):
         if rank:
             return []
         return [(f"{_step_dir(storage(save, 0))}/model_optim.pt", holding(save, 0, self.distinct_streams))]
 
-    def restore(self, restart, rank, disks):
-        step_dir = _step_dir(storage(restart, rank))
-        if not any(under(p, step_dir) for p in disks):
-            return RankRestore(fresh=True)
-        path = f"{step_dir}/model_optim.pt"
-        if path not in disks:
-            return RankRestore(loud=f"FileNotFoundError: {path}")
-        return RankRestore(state=disks[path])  # rank 0's shard and noise stream, on every rank
+    def file_for(self, restart, rank):
+        return "model_optim.pt"
 
 
 class MegatronModel(RestoreModel):
