@@ -96,6 +96,10 @@ class Fault:
 
     kind: ClassVar[str] = ""
     needs_trigger: ClassVar[bool] = True
+    #: whether the trigger names a rank (false: the fault hits every rank; the trigger's rank is 0)
+    needs_rank: ClassVar[bool] = True
+    #: whether the harness hands the case to the crash-state explorer (`resilience.explore`)
+    explores: ClassVar[bool] = False
     #: trigger points allowed per phase; the first is the default
     points: ClassVar[dict[str, tuple[str, ...]]] = {
         "save": ("start", "open", "write", "fsync", "close"), "train": ("start",)}

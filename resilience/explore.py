@@ -1,0 +1,245 @@
+"""Crash-state exploration: a power cut at every point of one save, restored by real ranks.
+
+One case with ``fault: {kind: power_loss, step: S}``:
+
+1. the reference run (cached, as for every case);
+2. the first run, every rank tracing its IO (`resilience.faults.power_loss`), ending once the
+   step-S save returned; the trace must rebuild the checkpoint directory byte for byte, or the
+   case is a harness error (something wrote past the interception layer);
+3. Hypothesis draws crash points (`resilience.crash_states`): per-rank cuts, lost metadata, what
+   became of each file's unsynced data. Each distinct disk state (by content hash) is materialised
+   as a real directory and restored by fresh real ranks (the case's restart), then judged by the
+   same oracle as every case. A verdict worse than the scenario expects is a failure, and
+   Hypothesis shrinks it to the smallest crash state that still gives it.
+
+What counts as saved: the step-S save counts as complete only where the cut lets every rank's
+``save`` return (a power cut after the save returned everywhere); otherwise the newest complete
+checkpoint is the one before, and restoring it is RECOVERED: the save in progress never returned.
+Restoring step S from a state that differs from the reference is SILENT, as is falling back past a
+save that had returned on every rank.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .crash_states import HOW, BLOCK, CrashModel, CrashPoint, Loss, materialise, read_tree, remove_tree, state_hash
+from .errors import HarnessError
+from .faults.power_loss import trace_dir
+from .phases import FIRST_RUN, RESTART
+from .scenario import Case, VerdictKind
+from .verify import Verdict, judge
+
+if TYPE_CHECKING:
+    from .harness import CaseResult, Harness, PhaseResult
+
+# A lost writeback is drawn as one or two 4 KiB blocks: wider holes hit a zip header more often,
+# which torch.load refuses, and tell less about whether a reader notices a hole.
+MAX_ZERO_BLOCKS = 2
+SEVERITY = {VerdictKind.RECOVERED: 0, VerdictKind.LOUD: 1, VerdictKind.HANG: 2, VerdictKind.SILENT: 3}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How much to explore: Hypothesis examples, and real restores (distinct disk states) at most."""
+
+    examples: int
+    restores: int
+    derandomize: bool  # the same crash states on every run (CI)
+
+
+PROFILES = {"ci": Profile(examples=30, restores=40, derandomize=True),
+            "long": Profile(examples=400, restores=600, derandomize=False)}
+
+
+@dataclass(frozen=True)
+class StateResult:
+    """One restored crash state."""
+
+    point: CrashPoint
+    digest: str
+    verdict: Verdict
+    restart: "PhaseResult"
+    description: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Exploration:
+    """What the exploration saw: every restored state, the reported one, and the counts."""
+
+    states: tuple[StateResult, ...]
+    reported: StateResult
+    failing: bool  # the reported state's verdict is worse than the scenario expects
+    draws: int  # crash points drawn (many give the same disk state)
+
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(state.verdict.kind.value for state in self.states))
+
+
+class _WorseThanExpected(Exception):
+    def __init__(self, state: StateResult):
+        super().__init__(state.verdict.kind.value)
+        self.state = state
+
+
+def crash_points(model: CrashModel):
+    """The Hypothesis strategy of crash points of ``model``'s save; simplest first (shrinks to
+    early cuts, nothing lost)."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def draw_point(draw) -> CrashPoint:
+        cuts = tuple(draw(st.sampled_from(model.boundaries(rank))) for rank in range(len(model.ops)))
+        volatile = model.volatile(cuts)
+        lost_metadata = draw(st.integers(0, len(volatile.metadata)))
+        losses = []
+        for path, unsynced, size in volatile.dirty:
+            how = draw(st.sampled_from(HOW))
+            if how == "prefix" and unsynced:
+                losses.append(Loss(path, how, keep_bytes=draw(st.integers(0, unsynced - 1))))
+            elif how == "zeros" and size:
+                blocks = (size + BLOCK - 1) // BLOCK
+                first = draw(st.integers(0, blocks - 1))
+                count = draw(st.integers(1, min(MAX_ZERO_BLOCKS, blocks - first)))
+                losses.append(Loss(path, how, zero_from=first * BLOCK, zero_to=min(size, (first + count) * BLOCK)))
+            elif how in ("keep", "drop"):
+                losses.append(Loss(path, how))
+        return CrashPoint(cuts=cuts, lost_metadata=lost_metadata, losses=tuple(losses))
+
+    return draw_point()
+
+
+class Explorer:
+    """Runs one power_loss case through ``harness`` (its backend, cache and phase machinery)."""
+
+    def __init__(self, harness: "Harness", profile: str | None = None, max_restores: int | None = None):
+        self.harness = harness
+        self.profile_name = profile
+        self.max_restores = max_restores
+
+    def run(self, case: Case, work_dir: Path, checkpoint_dir: Path, plan, reference: "PhaseResult") -> "CaseResult":
+        from .harness import CaseResult
+
+        if case.topology_changes:
+            raise HarnessError(f"{case.source}: a power_loss case restores at the world size it saved with "
+                               f"(restart.world_size {case.restart.world_size} != {case.workload.world_size})")
+        first_run = self.harness._phase(plan.make(FIRST_RUN, case.workload.world_size, "fresh", save=True,
+                                                  inject=True), case)
+        if first_run.status != "completed":
+            raise HarnessError(f"the traced first run did not complete ({first_run.status}): "
+                               f"{first_run.first_error.summary() if first_run.first_error else ''}")
+        step = case.fault.trigger.step
+        model = CrashModel(trace_dir(work_dir), case.workload.world_size, step)
+        _check_fidelity(model, checkpoint_dir)
+        profile = PROFILES[self.profile_name or os.environ.get("RESILIENCE_EXPLORE_PROFILE")
+                           or case.fault.params.get("profile", "ci")]
+        exploration = self._explore(case, model, work_dir, plan, reference, first_run, profile)
+        reported = exploration.reported
+        summary = (f"power loss in the step-{step} save: {exploration.draws} crash points drawn, "
+                   f"{len(exploration.states)} distinct disk states restored by real ranks: "
+                   + ", ".join(f"{kind} {n}" for kind, n in sorted(exploration.counts().items())))
+        heading = ("smallest crash state with this verdict:" if exploration.failing
+                   else "worst crash state found:")
+        verdict = replace(reported.verdict, findings=(summary, heading) + tuple(
+            f"  {line}" for line in reported.description) + reported.verdict.findings)
+        (work_dir / "exploration.json").write_text(json.dumps(_report(exploration), indent=1))
+        return CaseResult(case=case, verdict=verdict,
+                          phases=(reference, _as_of(first_run, reported.point, model), reported.restart),
+                          work_dir=work_dir)
+
+    def _explore(self, case: Case, model: CrashModel, work_dir: Path, plan, reference, first_run,
+                 profile: Profile) -> Exploration:
+        from hypothesis import HealthCheck, Phase, given, settings
+        from hypothesis import assume
+
+        budget = self.max_restores if self.max_restores is not None else profile.restores
+        seen: dict[str, StateResult] = {}
+        order: list[StateResult] = []
+        draws = [0]
+        expected = case.expect.verdict
+
+        def restore(point: CrashPoint) -> StateResult:
+            files, dirs = model.disk(point)
+            digest = state_hash(files, dirs)
+            if digest not in seen:
+                assume(len(seen) < budget)  # past the budget, a new state is not restored
+                seen[digest] = self._restore(case, model, point, digest, files, dirs, work_dir, plan,
+                                             reference, first_run, len(seen))
+                order.append(seen[digest])
+            return seen[digest]
+
+        @settings(max_examples=profile.examples, deadline=None, database=None, derandomize=profile.derandomize,
+                  suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+                  phases=(Phase.generate, Phase.shrink), print_blob=False)
+        @given(crash_points(model))
+        def property_holds(point: CrashPoint) -> None:
+            draws[0] += 1
+            state = restore(point)
+            if SEVERITY[state.verdict.kind] > SEVERITY[expected]:
+                raise _WorseThanExpected(replace(state, point=point, description=tuple(model.describe(point))))
+
+        try:
+            property_holds()
+        except _WorseThanExpected as failure:
+            return Exploration(states=tuple(order), reported=failure.state, failing=True, draws=draws[0])
+        if not order:
+            raise HarnessError("the exploration restored no crash state")
+        worst = max(order, key=lambda state: SEVERITY[state.verdict.kind])
+        return Exploration(states=tuple(order), reported=worst, failing=False, draws=draws[0])
+
+    def _restore(self, case: Case, model: CrashModel, point: CrashPoint, digest: str, files, dirs,
+                 work_dir: Path, plan, reference, first_run, index: int) -> StateResult:
+        state_dir = work_dir / "crash_states" / f"{index:04d}-{digest[:12]}"
+        materialise(files, dirs, state_dir)
+        restart_plan = replace(plan.make(RESTART, case.restart.world_size, "strategy", save=True,
+                                         rank_map=case.restart.rank_map,
+                                         phase_dir=work_dir / "restores" / f"{index:04d}-{digest[:12]}"),
+                               checkpoint_dir=str(state_dir))
+        try:
+            restart = self.harness._phase(restart_plan, case, backend=self.harness._restart_backend(case))
+        finally:
+            if not self.harness.keep:
+                remove_tree(state_dir)
+        verdict = judge(case, reference, _as_of(first_run, point, model), restart)
+        return StateResult(point=point, digest=digest, verdict=verdict, restart=restart,
+                           description=tuple(model.describe(point)))
+
+
+def _as_of(first_run: "PhaseResult", point: CrashPoint, model: CrashModel) -> "PhaseResult":
+    """The first run as it stood at the power cut: a rank's step-S save returned only if its cut
+    reached the op that says so."""
+    returned = {rank for rank, (cut, ops) in enumerate(zip(point.cuts, model.ops))
+                if cut and ops[cut - 1].kind == "returned"}
+    records = tuple(replace(record, events=tuple(
+        event for event in record.events
+        if not (event["event"] == "save_returned" and event["step"] == model.step and record.rank not in returned)))
+        for record in first_run.ranks)
+    return replace(first_run, ranks=records)
+
+
+def _check_fidelity(model: CrashModel, checkpoint_dir: Path) -> None:
+    """The trace, replayed in full, must give the checkpoint directory the first run left."""
+    files, dirs = model.disk(model.complete())
+    real_files, real_dirs = read_tree(checkpoint_dir)
+    if state_hash(files, dirs) == state_hash(real_files, real_dirs):
+        return
+    differing = sorted(path for path in files.keys() | real_files.keys() if files.get(path) != real_files.get(path))
+    differing += sorted(f"{d}/" for d in dirs ^ real_dirs)
+    raise HarnessError("the IO trace does not rebuild the checkpoint directory (something wrote past the "
+                       f"interception layer: os.write on a raw descriptor, another process); differing: "
+                       f"{', '.join(differing[:10])}")
+
+
+def _report(exploration: Exploration) -> dict:
+    def state(s: StateResult) -> dict:
+        return {"digest": s.digest, "verdict": s.verdict.kind.value, "point": asdict(s.point),
+                "description": list(s.description), "findings": list(s.verdict.findings)}
+
+    return {"time": time.time(), "draws": exploration.draws, "counts": exploration.counts(),
+            "failing": exploration.failing, "reported": state(exploration.reported),
+            "states": [state(s) for s in exploration.states]}
