@@ -3,8 +3,11 @@
 The model, for a power cut somewhere inside the save of step S:
 
 - everything the earlier saves wrote is durable (the kernel wrote it back long ago);
-- each rank got through a prefix of its own ops of the save (``CrashPoint.cuts``: ranks are cut
-  independently, so one rank may be done while another has not started);
+- the power cut is one instant for every rank (one power domain): each rank got through the ops
+  it had started before that instant (``CrashPoint.cuts``: one rank may be done while another has
+  not begun). Ranks are not cut independently of each other: a rank that waits in a collective for
+  a peer cannot be further along than that peer, and the trace does not record collectives, so
+  only the global order of the ops (one monotonic clock) tells which combinations can happen;
 - file data: an ``fsync`` (or ``fdatasync``) makes the file's data durable; data written since a
   file's last fsync reaches the disk whole (``keep``), not at all (``drop``), as a prefix of the
   written bytes (``prefix``: a torn write sequence; the truncation of an ``open(..., "w")`` happens,
@@ -194,20 +197,32 @@ class CrashModel:
             self.before.extend((op, data_path) for op in ops if op.step < step)
             self.ops.append([op for op in ops if op.step == step])
         self.before.sort(key=lambda item: item[0].order)
+        self.merged = sorted((op for ops in self.ops for op in ops), key=lambda op: op.order)
         self._payloads: dict[tuple[int, int], bytes] = {}
 
     @property
     def op_counts(self) -> tuple[int, ...]:
         return tuple(len(ops) for ops in self.ops)
 
-    def boundaries(self, rank: int) -> list[int]:
-        """The cuts of ``rank`` worth telling apart: 0, and after every op except a write that
-        another write to the same file follows (a cut inside such a run leaves the disk a cut
-        after the run leaves with only a prefix of the run's bytes: the ``prefix`` loss)."""
-        ops = self.ops[rank]
-        return [0] + [index + 1 for index, op in enumerate(ops)
-                      if not (op.kind == "write" and index + 1 < len(ops) and ops[index + 1].kind == "write"
-                              and ops[index + 1].path == op.path)]
+    def boundaries(self) -> list[int]:
+        """The instants worth telling apart, as counts of the save's ops (all ranks, in global
+        order) that happened: 0, and after every op except a write that its rank's next op, another
+        write to the same file, follows (a cut inside such a run leaves what a cut after the run
+        leaves with only a prefix of the run's bytes: the ``prefix`` loss)."""
+        inside_run = set()
+        for ops in self.ops:
+            for op, following in zip(ops, ops[1:]):
+                if op.kind == following.kind == "write" and op.path == following.path:
+                    inside_run.add((op.rank, op.seq))
+        return [0] + [index + 1 for index, op in enumerate(self.merged) if (op.rank, op.seq) not in inside_run]
+
+    def cuts_at(self, count: int) -> tuple[int, ...]:
+        """Per rank, how many of its ops are among the first ``count`` of the global order: the
+        power cut is one instant for every rank, each caught at its own op."""
+        cuts = [0] * len(self.ops)
+        for op in self.merged[:count]:
+            cuts[op.rank] += 1
+        return tuple(cuts)
 
     def _payload(self, op: TraceOp) -> bytes | None:
         if op.kind != "write":

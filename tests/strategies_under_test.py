@@ -92,3 +92,71 @@ class AtomicFallbackSave(CheckpointStrategy):
                 workload.load_state_dict(torch.load(files[self.context.rank], weights_only=True))
                 break
         dist.barrier()
+
+
+def _fsync_directory(path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+class PointerBeforeDurableShards(CheckpointStrategy):
+    """Broken under power loss: each rank writes its shard with a plain ``torch.save`` (never
+    fsynced), then rank 0 publishes the step in ``latest`` the careful way (temp file, fsync,
+    rename, directory fsync). The pointer is durable before the shards it names; restore follows it."""
+
+    def save(self, workload, step):
+        root = self.context.checkpoint_dir
+        directory = step_dir(root, step)
+        directory.mkdir(parents=True, exist_ok=True)
+        torch.save(workload.state_dict(), directory / f"shard_{self.context.rank}.pt")
+        dist.barrier()
+        if self.context.rank == 0:
+            staging = root / "latest.tmp"
+            with open(staging, "w") as f:
+                f.write(str(step))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(staging, root / "latest")
+            _fsync_directory(root)
+        dist.barrier()
+
+    def load(self, workload):
+        root = self.context.checkpoint_dir
+        pointer = root / "latest"
+        if pointer.exists():
+            directory = step_dir(root, int(pointer.read_text()))
+            workload.load_state_dict(torch.load(directory / f"shard_{self.context.rank}.pt", weights_only=True))
+        dist.barrier()
+
+
+class DurableShardsThenPointer(PointerBeforeDurableShards):
+    """Correct under power loss: every shard is written to a temp name, fsynced, renamed, and its
+    directory fsynced (the new step directory's entry in the root too) before rank 0 publishes
+    ``latest`` the same way."""
+
+    def save(self, workload, step):
+        root = self.context.checkpoint_dir
+        directory = step_dir(root, step)
+        directory.mkdir(parents=True, exist_ok=True)
+        final = directory / f"shard_{self.context.rank}.pt"
+        staging = final.with_suffix(".tmp")
+        with open(staging, "wb") as f:
+            torch.save(workload.state_dict(), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(staging, final)
+        _fsync_directory(directory)
+        _fsync_directory(root)
+        dist.barrier()
+        if self.context.rank == 0:
+            staging = root / "latest.tmp"
+            with open(staging, "w") as f:
+                f.write(str(step))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(staging, root / "latest")
+            _fsync_directory(root)
+        dist.barrier()
