@@ -1,4 +1,5 @@
-"""`python -m resilience run PATH... [--case ID]`: run scenario files outside pytest and print verdicts."""
+"""`python -m resilience run PATH... [--case ID]`: run scenario files outside pytest and print verdicts.
+`python -m resilience explore PATH... [--profile long]`: only their power_loss cases, with what each explored."""
 from __future__ import annotations
 
 import argparse
@@ -6,8 +7,10 @@ import os
 import sys
 from pathlib import Path
 
+from . import plugins
 from .backend import BACKENDS, DEFAULT_BACKEND
 from .errors import ResilienceError, Unavailable
+from .explore import PROFILES
 from .harness import Harness
 from .loader import is_scenario_file, load_file
 from .outcome import judge_case
@@ -39,10 +42,20 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--cache", type=Path, default=None,
                      help="reference-run cache directory (default: $RESILIENCE_CACHE or ~/.cache/resilience)")
     run.add_argument("--no-cache", action="store_true", help="run the reference in every case")
+    explore = sub.add_parser("explore", help="run only the power_loss cases of scenario files (crash-state "
+                                             "exploration) and print what each explored")
+    for action in run._actions[1:]:  # every argument of run (after its --help), shared
+        explore._add_action(action)
+    explore.add_argument("--profile", choices=sorted(PROFILES), default=None,
+                         help="how much to explore (default: the scenario's fault.profile)")
+    explore.add_argument("--max-restores", type=int, default=None,
+                         help="distinct crash states restored by real ranks, at most")
     args = parser.parse_args(argv)
 
     cache = None if args.no_cache else ReferenceCache(args.cache or default_cache_dir())
-    harness = Harness(backend=BACKENDS[args.backend](), work_root=args.workdir, keep=args.keep, cache=cache)
+    harness = Harness(backend=BACKENDS[args.backend](), work_root=args.workdir, keep=args.keep, cache=cache,
+                      explore_profile=getattr(args, "profile", None),
+                      explore_restores=getattr(args, "max_restores", None))
     failures = 0
     for path in _scenario_files(args.paths):
         try:
@@ -53,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for case in scenario.cases:
             if args.case and case.id != args.case:
+                continue
+            if args.command == "explore" and not plugins.resolve("fault", case.fault.kind).explores:
                 continue
             try:
                 result = harness.run(case)
@@ -66,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             outcome = judge_case(result)
             print(f"{outcome.status.upper():<6} {verdict_line(result)}", flush=True)
+            if args.command == "explore" and outcome.status != "failed":
+                print("\n".join(f"       {line}" for line in result.verdict.findings), flush=True)
             if outcome.status == "failed":
                 failures += 1
                 print(render(result, outcome.reason), flush=True)

@@ -53,7 +53,7 @@ class Profile:
     derandomize: bool  # the same crash states on every run (CI)
 
 
-PROFILES = {"ci": Profile(examples=100, restores=40, derandomize=True),
+PROFILES = {"ci": Profile(examples=150, restores=60, derandomize=True),
             "long": Profile(examples=400, restores=600, derandomize=False)}
 
 
@@ -100,11 +100,15 @@ def crash_points(model: CrashModel):
         cuts = model.cuts_at(boundaries[draw(st.integers(0, len(boundaries) - 1))])
         volatile = model.volatile(cuts)
         lost_metadata = draw(st.integers(0, len(volatile.metadata)))
+        dirty = {path: (unsynced, size) for path, unsynced, size in volatile.dirty}
+        if draw(st.booleans()):  # every file draws its own fate, as after a real power cut
+            fates = [(path, draw(st.sampled_from(HOW))) for path in dirty]
+        else:  # one or two files lose data, the rest reach the disk: what shrinking ends on
+            lossy = draw(st.lists(st.sampled_from(list(dirty)), unique=True, max_size=2)) if dirty else []
+            fates = [(path, draw(st.sampled_from(HOW[1:]))) for path in dirty if path in lossy]
         losses = []
-        for path, unsynced, size in volatile.dirty:
-            # keep weighs double: states where one file lost data and the others did not are
-            # drawn often, and they are what shrinking ends on
-            how = draw(st.sampled_from(("keep",) + HOW))
+        for path, how in fates:
+            unsynced, size = dirty[path]
             if how == "prefix" and unsynced:
                 losses.append(Loss(path, how, keep_bytes=draw(st.integers(0, unsynced - 1))))
             elif how == "zeros" and size:
@@ -159,20 +163,21 @@ class Explorer:
 
     def _explore(self, case: Case, model: CrashModel, work_dir: Path, plan, reference, first_run,
                  profile: Profile) -> Exploration:
-        from hypothesis import HealthCheck, Phase, given, settings
-        from hypothesis import assume
+        from hypothesis import HealthCheck, Phase, assume, given, settings, target
 
         budget = self.max_restores if self.max_restores is not None else profile.restores
         seen: dict[str, StateResult] = {}
         order: list[StateResult] = []
         draws = [0]
+        failed = [False]
         expected = case.expect.verdict
 
         def restore(point: CrashPoint) -> StateResult:
             files, dirs = model.disk(point)
             digest = state_hash(files, dirs)
             if digest not in seen:
-                assume(len(seen) < budget)  # past the budget, a new state is not restored
+                # past the budget a new state is not restored; shrinking a failure gets half as much again
+                assume(len(seen) < (budget + budget // 2 if failed[0] else budget))
                 seen[digest] = self._restore(case, model, point, digest, files, dirs, work_dir, plan,
                                              reference, first_run, len(seen))
                 order.append(seen[digest])
@@ -180,12 +185,16 @@ class Explorer:
 
         @settings(max_examples=profile.examples, deadline=None, database=None, derandomize=profile.derandomize,
                   suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-                  phases=(Phase.generate, Phase.shrink), print_blob=False)
+                  phases=(Phase.generate, Phase.target, Phase.shrink), print_blob=False)
         @given(crash_points(model))
         def property_holds(point: CrashPoint) -> None:
             draws[0] += 1
             state = restore(point)
+            # Steer towards states the restore takes for the newest save: there a torn file
+            # is either noticed or loaded as if whole.
+            target(float(state.verdict.restored_step or 0), label="restored step")
             if SEVERITY[state.verdict.kind] > SEVERITY[expected]:
+                failed[0] = True
                 raise _WorseThanExpected(replace(state, point=point, description=tuple(model.describe(point))))
 
         try:

@@ -41,6 +41,7 @@ class PowerLoss(Fault):
     def __init__(self, spec):
         super().__init__(spec)
         self.writer: TraceWriter | None = None
+        self.hooks: NamespaceHooks | None = None
 
     def needs_interception(self) -> bool:
         return True
@@ -50,7 +51,8 @@ class PowerLoss(Fault):
         self.writer = TraceWriter(env.case_dir / TRACE_DIR, env.rank)
         # shutil.copyfile moves bytes with os.sendfile on Linux, past any file object: make it write
         shutil._USE_CP_SENDFILE = False
-        NamespaceHooks(env.checkpoint_dir, self._namespace_op).install()
+        self.hooks = NamespaceHooks(env.checkpoint_dir, self._namespace_op)
+        self.hooks.install()
 
     def _recording(self) -> bool:
         clock = self.env.clock
