@@ -21,6 +21,7 @@ The model, for a power cut somewhere inside the save of step S:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -211,7 +212,7 @@ class CrashModel:
         leaves with only a prefix of the run's bytes: the ``prefix`` loss)."""
         inside_run = set()
         for ops in self.ops:
-            for op, following in zip(ops, ops[1:]):
+            for op, following in itertools.pairwise(ops):
                 if op.kind == following.kind == "write" and op.path == following.path:
                     inside_run.add((op.rank, op.seq))
         return [0] + [index + 1 for index, op in enumerate(self.merged) if (op.rank, op.seq) not in inside_run]
@@ -275,6 +276,23 @@ class CrashModel:
             else:
                 files[path] = bytes(node.with_zeros(loss.zero_from, loss.zero_to))
         return files, set(fs.durable_dirs)
+
+    def returned(self, point: CrashPoint) -> frozenset[int]:
+        """The ranks whose ``save`` had returned before the power cut."""
+        return frozenset(rank for rank, (cut, ops) in enumerate(zip(point.cuts, self.ops))
+                         if cut and ops[cut - 1].kind == "returned")
+
+    def sweep(self) -> list[CrashPoint]:
+        """At every boundary instant: nothing volatile lost (what killing every rank leaves), then
+        everything volatile lost (unsynced data dropped, uncommitted namespace ops undone)."""
+        points = []
+        for count in self.boundaries():
+            cuts = self.cuts_at(count)
+            volatile = self.volatile(cuts)
+            points.append(CrashPoint(cuts=cuts))
+            points.append(CrashPoint(cuts=cuts, lost_metadata=len(volatile.metadata),
+                                     losses=tuple(Loss(path, "drop") for path, _, _ in volatile.dirty)))
+        return points
 
     def complete(self) -> CrashPoint:
         """No crash at all: every op happened and everything reached the disk."""

@@ -28,7 +28,17 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .crash_states import HOW, BLOCK, CrashModel, CrashPoint, Loss, materialise, read_tree, remove_tree, state_hash
+from .crash_states import (
+    BLOCK,
+    HOW,
+    CrashModel,
+    CrashPoint,
+    Loss,
+    materialise,
+    read_tree,
+    remove_tree,
+    state_hash,
+)
 from .errors import HarnessError
 from .faults.power_loss import trace_dir
 from .phases import FIRST_RUN, RESTART
@@ -64,7 +74,7 @@ class StateResult:
     point: CrashPoint
     digest: str
     verdict: Verdict
-    restart: "PhaseResult"
+    restart: PhaseResult
     description: tuple[str, ...]
 
 
@@ -75,7 +85,9 @@ class Exploration:
     states: tuple[StateResult, ...]
     reported: StateResult
     failing: bool  # the reported state's verdict is worse than the scenario expects
-    draws: int  # crash points drawn (many give the same disk state)
+    draws: int  # crash points drawn by Hypothesis (many give the same disk state)
+    swept: int  # crash points of the sweep over every op boundary
+    restores: int  # distinct disk states restored by real ranks
 
     def counts(self) -> dict[str, int]:
         return dict(Counter(state.verdict.kind.value for state in self.states))
@@ -126,12 +138,12 @@ def crash_points(model: CrashModel):
 class Explorer:
     """Runs one power_loss case through ``harness`` (its backend, cache and phase machinery)."""
 
-    def __init__(self, harness: "Harness", profile: str | None = None, max_restores: int | None = None):
+    def __init__(self, harness: Harness, profile: str | None = None, max_restores: int | None = None):
         self.harness = harness
         self.profile_name = profile
         self.max_restores = max_restores
 
-    def run(self, case: Case, work_dir: Path, checkpoint_dir: Path, plan, reference: "PhaseResult") -> "CaseResult":
+    def run(self, case: Case, work_dir: Path, checkpoint_dir: Path, plan, reference: PhaseResult) -> CaseResult:
         from .harness import CaseResult
 
         if case.topology_changes:
@@ -149,11 +161,13 @@ class Explorer:
                            or case.fault.params.get("profile", "ci")]
         exploration = self._explore(case, model, work_dir, plan, reference, first_run, profile)
         reported = exploration.reported
-        summary = (f"power loss in the step-{step} save: {exploration.draws} crash points drawn, "
-                   f"{len(exploration.states)} distinct disk states restored by real ranks: "
+        summary = (f"power loss in the step-{step} save: {exploration.swept} crash points swept (every op "
+                   f"boundary, all or no volatile state lost), {exploration.draws} drawn by Hypothesis, "
+                   f"{exploration.restores} distinct disk states restored by real ranks, judged "
+                   f"{len(exploration.states)} ways (which ranks' saves had returned): "
                    + ", ".join(f"{kind} {n}" for kind, n in sorted(exploration.counts().items())))
-        heading = ("smallest crash state with this verdict:" if exploration.failing
-                   else "worst crash state found:")
+        heading = ("crash state with this verdict (the smallest Hypothesis shrank to, or the sweep's "
+                   "earliest):" if exploration.failing else "worst crash state found:")
         verdict = replace(reported.verdict, findings=(summary, heading) + tuple(
             f"  {line}" for line in reported.description) + reported.verdict.findings)
         (work_dir / "exploration.json").write_text(json.dumps(_report(exploration), indent=1))
@@ -164,24 +178,40 @@ class Explorer:
     def _explore(self, case: Case, model: CrashModel, work_dir: Path, plan, reference, first_run,
                  profile: Profile) -> Exploration:
         from hypothesis import HealthCheck, Phase, assume, given, settings, target
+        from hypothesis.errors import Unsatisfiable
 
         budget = self.max_restores if self.max_restores is not None else profile.restores
-        seen: dict[str, StateResult] = {}
+        restarts: dict[str, PhaseResult] = {}  # disk state -> its restore
+        judged: dict[tuple, StateResult] = {}  # (disk state, ranks whose save returned) -> result
         order: list[StateResult] = []
         draws = [0]
         failed = [False]
         expected = case.expect.verdict
 
-        def restore(point: CrashPoint) -> StateResult:
+        def evaluate(point: CrashPoint) -> StateResult | None:
+            """The state's result (restored once per distinct disk state), or None past the
+            budget; shrinking a failure gets half the budget again."""
             files, dirs = model.disk(point)
             digest = state_hash(files, dirs)
-            if digest not in seen:
-                # past the budget a new state is not restored; shrinking a failure gets half as much again
-                assume(len(seen) < (budget + budget // 2 if failed[0] else budget))
-                seen[digest] = self._restore(case, model, point, digest, files, dirs, work_dir, plan,
-                                             reference, first_run, len(seen))
-                order.append(seen[digest])
-            return seen[digest]
+            if digest not in restarts:
+                if len(restarts) >= (budget + budget // 2 if failed[0] else budget):
+                    return None
+                restarts[digest] = self._restore(case, files, dirs, work_dir, plan, f"{len(restarts):04d}-{digest[:12]}")
+            # the same disk state is judged apart for each set of ranks whose save had returned
+            key = (digest, model.returned(point))
+            if key not in judged:
+                verdict = judge(case, reference, _as_of(first_run, point, model), restarts[digest])
+                judged[key] = StateResult(point=point, digest=digest, verdict=verdict, restart=restarts[digest],
+                                          description=tuple(model.describe(point)))
+                order.append(judged[key])
+            return replace(judged[key], point=point, description=tuple(model.describe(point)))
+
+        def worse(state: StateResult) -> bool:
+            return SEVERITY[state.verdict.kind] > SEVERITY[expected]
+
+        # Every instant at which an op ends, twice: all volatile state reached the disk (what
+        # killing every rank leaves), and none of it did. Cheap: many give the same disk state.
+        swept = [state for state in map(evaluate, model.sweep()) if state is not None]
 
         @settings(max_examples=profile.examples, deadline=None, database=None, derandomize=profile.derandomize,
                   suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
@@ -189,46 +219,52 @@ class Explorer:
         @given(crash_points(model))
         def property_holds(point: CrashPoint) -> None:
             draws[0] += 1
-            state = restore(point)
+            state = evaluate(point)
+            assume(state is not None)
             # Steer towards states the restore takes for the newest save: there a torn file
             # is either noticed or loaded as if whole.
             target(float(state.verdict.restored_step or 0), label="restored step")
-            if SEVERITY[state.verdict.kind] > SEVERITY[expected]:
+            if worse(state):
                 failed[0] = True
-                raise _WorseThanExpected(replace(state, point=point, description=tuple(model.describe(point))))
+                raise _WorseThanExpected(state)
 
+        shrunk = None
         try:
             property_holds()
         except _WorseThanExpected as failure:
-            return Exploration(states=tuple(order), reported=failure.state, failing=True, draws=draws[0])
+            shrunk = failure.state
+        except Unsatisfiable:  # the budget was spent before Hypothesis drew a state of its own
+            pass
         if not order:
             raise HarnessError("the exploration restored no crash state")
+        # The worst failure: Hypothesis's shrunk one, or else the earliest of the sweep's.
+        failures = ([shrunk] if shrunk else []) + [state for state in swept if worse(state)]
+        if failures:
+            reported = max(failures, key=lambda state: SEVERITY[state.verdict.kind])
+            return Exploration(states=tuple(order), reported=reported, failing=True, draws=draws[0],
+                               swept=len(swept), restores=len(restarts))
         worst = max(order, key=lambda state: SEVERITY[state.verdict.kind])
-        return Exploration(states=tuple(order), reported=worst, failing=False, draws=draws[0])
+        return Exploration(states=tuple(order), reported=worst, failing=False, draws=draws[0], swept=len(swept),
+                           restores=len(restarts))
 
-    def _restore(self, case: Case, model: CrashModel, point: CrashPoint, digest: str, files, dirs,
-                 work_dir: Path, plan, reference, first_run, index: int) -> StateResult:
-        state_dir = work_dir / "crash_states" / f"{index:04d}-{digest[:12]}"
+    def _restore(self, case: Case, files, dirs, work_dir: Path, plan, name: str) -> PhaseResult:
+        """Fresh real ranks restore one materialised disk state (the case's restart phase)."""
+        state_dir = work_dir / "crash_states" / name
         materialise(files, dirs, state_dir)
         restart_plan = replace(plan.make(RESTART, case.restart.world_size, "strategy", save=True,
-                                         rank_map=case.restart.rank_map,
-                                         phase_dir=work_dir / "restores" / f"{index:04d}-{digest[:12]}"),
+                                         rank_map=case.restart.rank_map, phase_dir=work_dir / "restores" / name),
                                checkpoint_dir=str(state_dir))
         try:
-            restart = self.harness._phase(restart_plan, case, backend=self.harness._restart_backend(case))
+            return self.harness._phase(restart_plan, case, backend=self.harness._restart_backend(case))
         finally:
             if not self.harness.keep:
                 remove_tree(state_dir)
-        verdict = judge(case, reference, _as_of(first_run, point, model), restart)
-        return StateResult(point=point, digest=digest, verdict=verdict, restart=restart,
-                           description=tuple(model.describe(point)))
 
 
-def _as_of(first_run: "PhaseResult", point: CrashPoint, model: CrashModel) -> "PhaseResult":
+def _as_of(first_run: PhaseResult, point: CrashPoint, model: CrashModel) -> PhaseResult:
     """The first run as it stood at the power cut: a rank's step-S save returned only if its cut
     reached the op that says so."""
-    returned = {rank for rank, (cut, ops) in enumerate(zip(point.cuts, model.ops))
-                if cut and ops[cut - 1].kind == "returned"}
+    returned = model.returned(point)
     records = tuple(replace(record, events=tuple(
         event for event in record.events
         if not (event["event"] == "save_returned" and event["step"] == model.step and record.rank not in returned)))
@@ -254,6 +290,8 @@ def _report(exploration: Exploration) -> dict:
         return {"digest": s.digest, "verdict": s.verdict.kind.value, "point": asdict(s.point),
                 "description": list(s.description), "findings": list(s.verdict.findings)}
 
-    return {"time": time.time(), "draws": exploration.draws, "counts": exploration.counts(),
+    return {"time": time.time(), "swept": exploration.swept, "draws": exploration.draws,
+            "restores": exploration.restores,
+            "counts": exploration.counts(),
             "failing": exploration.failing, "reported": state(exploration.reported),
             "states": [state(s) for s in exploration.states]}

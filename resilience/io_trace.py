@@ -18,9 +18,10 @@ import json
 import os
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 OP_KINDS = ("open", "write", "fsync", "close", "rename", "unlink", "mkdir", "rmdir", "dir_fsync", "returned")
 
@@ -30,7 +31,8 @@ class TraceOp:
     """One file operation of one rank during one save.
 
     ``kind``: ``open`` (``truncate``: the mode empties the file; a missing path is created),
-    ``write`` (``length`` bytes at ``offset``, stored at ``data_offset`` in the rank's data file), ``fsync`` (of a file: its data is durable), ``close``, ``rename`` (``path`` -> ``target``,
+    ``write`` (``length`` bytes at ``offset``, stored at ``data_offset`` in the rank's data file),
+    ``fsync`` (of a file: its data is durable), ``close``, ``rename`` (``path`` -> ``target``,
     replacing it), ``unlink``, ``mkdir``, ``rmdir``, ``dir_fsync`` (the directory's entries are
     durable), and ``returned`` (the rank's ``save`` returned: a marker, no IO).
     Paths are relative to the checkpoint directory, with ``/``.
@@ -78,8 +80,8 @@ class TraceWriter:
         ops_path, data_path = trace_paths(directory, rank)
         directory.mkdir(parents=True, exist_ok=True)
         # Opened before any hook is installed: the trace itself is never traced.
-        self._ops = open(ops_path, "a", encoding="utf-8")
-        self._data = open(data_path, "ab")
+        self._ops = open(ops_path, "a", encoding="utf-8")  # noqa: SIM115 (open for the rank's life)
+        self._data = open(data_path, "ab")  # noqa: SIM115
         self._data_size = self._data.tell()
         self._seq = 0
 

@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from resilience.crash_states import CrashModel, CrashPoint, Loss, materialise, read_tree, state_hash
+from resilience.crash_states import (
+    CrashModel,
+    CrashPoint,
+    Loss,
+    materialise,
+    read_tree,
+    state_hash,
+)
 from resilience.errors import ScenarioError
 from resilience.faults.base import Clock, RankEnvironment
 from resilience.faults.power_loss import PowerLoss, trace_dir
@@ -242,4 +249,6 @@ def test_a_rename_without_a_directory_fsync_loses_a_checkpoint_whose_save_return
     result, report = explore(tmp_path, "AtomicFallbackSave", "fails_loudly", restores=30)
     assert result.verdict.kind is VerdictKind.SILENT, result.verdict.findings
     assert any("lost checkpoint" in finding for finding in result.verdict.findings)
-    assert report["reported"]["point"]["lost_metadata"] >= 1
+    assert result.verdict.restored_step == 4 and result.verdict.complete_step == SAVE
+    assert report["reported"]["point"]["lost_metadata"] >= 1  # a rename never reached the directory
+    assert any("rename step_00000008/ckpt_rank_" in finding for finding in result.verdict.findings)
