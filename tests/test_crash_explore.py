@@ -233,7 +233,7 @@ def test_a_pointer_made_durable_before_its_shards_is_caught_and_shrunk_to_one_cr
     assert point["lost_metadata"] == 0
     assert verdict.restored_step == SAVE and verdict.complete_step == 4
     text = "\n".join(verdict.findings)
-    assert "smallest crash state with this verdict" in text
+    assert "the smallest Hypothesis shrank to" in text
     assert "rename latest.tmp -> latest" in text  # where rank 0 was: its pointer already renamed
     assert "read as zeros" in text and "differs from the reference" in text
 
