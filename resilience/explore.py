@@ -63,6 +63,7 @@ class Profile:
     derandomize: bool  # the same crash states on every run (CI)
 
 
+PROFILE_VARIABLE = "RESILIENCE_EXPLORE_PROFILE"  # overrides every case's fault.profile
 PROFILES = {"ci": Profile(examples=150, restores=60, derandomize=True),
             "long": Profile(examples=400, restores=600, derandomize=False)}
 
@@ -157,8 +158,11 @@ class Explorer:
         step = case.fault.trigger.step
         model = CrashModel(trace_dir(work_dir), case.workload.world_size, step)
         _check_fidelity(model, checkpoint_dir)
-        profile = PROFILES[self.profile_name or os.environ.get("RESILIENCE_EXPLORE_PROFILE")
-                           or case.fault.params.get("profile", "ci")]
+        name = (self.profile_name or os.environ.get(PROFILE_VARIABLE) or case.fault.params.get("profile", "ci"))
+        if name not in PROFILES:
+            raise HarnessError(f"${PROFILE_VARIABLE}: unknown exploration profile {name!r}; "
+                               f"allowed: {', '.join(PROFILES)}")
+        profile = PROFILES[name]
         exploration = self._explore(case, model, work_dir, plan, reference, first_run, profile)
         reported = exploration.reported
         summary = (f"power loss in the step-{step} save: {exploration.swept} crash points swept (every op "

@@ -252,3 +252,14 @@ def test_a_rename_without_a_directory_fsync_loses_a_checkpoint_whose_save_return
     assert result.verdict.restored_step == 4 and result.verdict.complete_step == SAVE
     assert report["reported"]["point"]["lost_metadata"] >= 1  # a rename never reached the directory
     assert any("rename step_00000008/ckpt_rank_" in finding for finding in result.verdict.findings)
+
+
+def test_the_explore_command_runs_only_power_loss_cases(tmp_path, capsys):
+    from resilience.cli import main
+
+    scenario = tmp_path / "mixed.scenario.yaml"
+    scenario.write_text("name: no power loss here\ndescription: a kill case\nstrategy: torch.rank0\n"
+                        "workload: {model: mlp, world_size: 2, steps: 8, checkpoint_every: 4}\n"
+                        "fault: {kind: kill, rank: 0, step: 4, phase: save}\nexpect: recovers\n")
+    assert main(["explore", str(scenario), "--workdir", str(tmp_path / "work")]) == 0
+    assert capsys.readouterr().out == ""  # the kill case was not run
