@@ -160,3 +160,36 @@ class DurableShardsThenPointer(PointerBeforeDurableShards):
             os.replace(staging, root / "latest")
             _fsync_directory(root)
         dist.barrier()
+
+
+class DcpPerStep(CheckpointStrategy):
+    """torch.distributed.checkpoint as a training script uses it: every rank calls ``dcp.save`` of
+    the model, optimizer, scheduler and progress into ``step_N/``; restore takes the newest step
+    directory that has DCP's ``.metadata`` (written last, through a temp file and a rename)."""
+
+    def _state(self, workload) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        return {"model": get_model_state_dict(workload.model),
+                "optimizer": get_optimizer_state_dict(workload.model, workload.optimizer),
+                "scheduler": workload.scheduler.state_dict(), "progress": workload.progress_state()}
+
+    def save(self, workload, step):
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._state(workload), checkpoint_id=str(step_dir(self.context.checkpoint_dir, step)))
+
+    def load(self, workload):
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+        root = self.context.checkpoint_dir
+        complete = sorted(p for p in root.iterdir() if (p / ".metadata").exists()) if root.is_dir() else []
+        if complete:
+            state = self._state(workload)
+            dcp.load(state, checkpoint_id=str(complete[-1]))
+            set_model_state_dict(workload.model, state["model"])
+            set_optimizer_state_dict(workload.model, workload.optimizer, state["optimizer"])
+            workload.scheduler.load_state_dict(state["scheduler"])
+            workload.load_progress_state(state["progress"])
+        dist.barrier()
