@@ -406,7 +406,7 @@ class _Validator:
         return spec
 
     def trigger(self, doc: dict, workload: WorkloadSpec, cls: type) -> Trigger:
-        if getattr(cls, "needs_rank", True):
+        if cls.needs_rank:
             rank = self.integer("fault.rank", doc.get("rank"), 0, workload.world_size - 1,
                                 f"0..{workload.world_size - 1} (workload.world_size is {workload.world_size})")
         elif "rank" in doc:

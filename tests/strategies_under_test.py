@@ -168,7 +168,10 @@ class DcpPerStep(CheckpointStrategy):
     directory that has DCP's ``.metadata`` (written last, through a temp file and a rename)."""
 
     def _state(self, workload) -> dict:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
         return {"model": get_model_state_dict(workload.model),
                 "optimizer": get_optimizer_state_dict(workload.model, workload.optimizer),
@@ -181,7 +184,10 @@ class DcpPerStep(CheckpointStrategy):
 
     def load(self, workload):
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         root = self.context.checkpoint_dir
         complete = sorted(p for p in root.iterdir() if (p / ".metadata").exists()) if root.is_dir() else []

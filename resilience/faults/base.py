@@ -92,6 +92,8 @@ class Fault:
     step or a save; ``after_save(strategy, step)`` when its save returned; the IO hooks (``on_open``, ``on_write``, ``on_fsync``, ``before_close``,
     ``after_close``) for files under the checkpoint directory. Restarted ranks get no fault.
     A fault that fires calls ``fired(...)`` first, so the event is on record before it acts.
+    A fault whose ``explores`` is true gets the same calls in the first run, which then ends; the
+    harness hands the case to `resilience.explore`, which runs the restarts itself.
     """
 
     kind: ClassVar[str] = ""
