@@ -1,5 +1,6 @@
 """`python -m resilience run PATH... [--case ID]`: run scenario files outside pytest and print verdicts
-(`python -m resilience torchrun ...`: the same under torchrun)."""
+(`python -m resilience torchrun ...`: the same under torchrun; `explore PATH... [--profile long]`: only
+their power_loss cases, with what each explored; `fuzz --strategy NAME`: topology fuzzing)."""
 from __future__ import annotations
 
 import argparse
@@ -7,8 +8,10 @@ import os
 import sys
 from pathlib import Path
 
+from . import plugins
 from .backend import BACKENDS, DEFAULT_BACKEND
 from .errors import ResilienceError, Unavailable
+from .explore import PROFILES
 from .harness import Harness
 from .loader import is_scenario_file, load_file
 from .outcome import judge_case
@@ -29,19 +32,23 @@ def _scenario_files(paths: list[str]) -> list[Path]:
     return files
 
 
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """What `run` and `explore` both take: the files, the case, where and how ranks run."""
+    parser.add_argument("paths", nargs="+")
+    parser.add_argument("--case", help="run only the case with this id (as printed in reports)")
+    parser.add_argument("--keep", action="store_true", help="keep each case's work directory")
+    parser.add_argument("--workdir", type=Path, help="where case work directories go")
+    parser.add_argument("--backend", choices=sorted(BACKENDS), default=DEFAULT_BACKEND,
+                        help="how rank processes are started")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="reference-run cache directory (default: $RESILIENCE_CACHE or ~/.cache/resilience)")
+    parser.add_argument("--no-cache", action="store_true", help="run the reference in every case")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="resilience", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run scenario files (or directories of them)")
-    run.add_argument("paths", nargs="+")
-    run.add_argument("--case", help="run only the case with this id (as printed in reports)")
-    run.add_argument("--keep", action="store_true", help="keep each case's work directory")
-    run.add_argument("--workdir", type=Path, help="where case work directories go")
-    run.add_argument("--backend", choices=sorted(BACKENDS), default=DEFAULT_BACKEND,
-                     help="how rank processes are started")
-    run.add_argument("--cache", type=Path, default=None,
-                     help="reference-run cache directory (default: $RESILIENCE_CACHE or ~/.cache/resilience)")
-    run.add_argument("--no-cache", action="store_true", help="run the reference in every case")
+    _add_run_arguments(sub.add_parser("run", help="run scenario files (or directories of them)"))
     fuzz = sub.add_parser("fuzz", help="search save/restart topologies for a SILENT or HANG restore")
     fuzz.add_argument("--strategy", required=True, help="built-in name or package.module:Class")
     fuzz.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
@@ -56,6 +63,13 @@ def main(argv: list[str] | None = None) -> int:
                       help="where a counterexample is written as a scenario file")
     add_torchrun_command(sub)
     add_blackbox_command(sub)
+    explore = sub.add_parser("explore", help="run only the power_loss cases of scenario files (crash-state "
+                                             "exploration) and print what each explored")
+    _add_run_arguments(explore)
+    explore.add_argument("--profile", choices=sorted(PROFILES), default=None,
+                         help="how much to explore (default: the scenario's fault.profile)")
+    explore.add_argument("--max-restores", type=int, default=None,
+                         help="distinct crash states restored by real ranks, at most")
     args = parser.parse_args(argv)
     if args.command == "torchrun":
         return torchrun_main(args)
@@ -67,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         return fuzz_command(args)
 
     cache = None if args.no_cache else ReferenceCache(args.cache or default_cache_dir())
-    harness = Harness(backend=BACKENDS[args.backend](), work_root=args.workdir, keep=args.keep, cache=cache)
+    harness = Harness(backend=BACKENDS[args.backend](), work_root=args.workdir, keep=args.keep, cache=cache,
+                      explore_profile=getattr(args, "profile", None),
+                      explore_restores=getattr(args, "max_restores", None))
     failures = 0
     for path in _scenario_files(args.paths):
         try:
@@ -78,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for case in scenario.cases:
             if args.case and case.id != args.case:
+                continue
+            if args.command == "explore" and not plugins.resolve("fault", case.fault.kind).explores:
                 continue
             try:
                 result = harness.run(case)
@@ -91,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             outcome = judge_case(result)
             print(f"{outcome.status.upper():<6} {verdict_line(result)}", flush=True)
+            if args.command == "explore" and outcome.status != "failed":
+                print("\n".join(f"       {line}" for line in result.verdict.findings), flush=True)
             if outcome.status == "failed":
                 failures += 1
                 print(render(result, outcome.reason), flush=True)

@@ -96,9 +96,12 @@ class Harness:
     the reference in every case)."""
 
     def __init__(self, backend: ProcessBackend | None = None, work_root: Path | None = None, keep: bool = False,
-                 cache: ReferenceCache | None = None):
+                 cache: ReferenceCache | None = None, explore_profile: str | None = None,
+                 explore_restores: int | None = None):
         self.backend = backend or BACKENDS[DEFAULT_BACKEND]()
         self.work_root, self.keep, self.cache = work_root, keep, cache
+        # power_loss cases: the explorer's profile (ci, long) and cap on restores, overriding the scenario's
+        self.explore_profile, self.explore_restores = explore_profile, explore_restores
 
     def run(self, case: Case) -> CaseResult:
         missing = plugins.resolve("strategy", case.strategy.name).missing()
@@ -120,6 +123,11 @@ class Harness:
         case_file.write_text(json.dumps({"source": case.source, "id": case.id, "document": case.document}))
         plan = _Planner(case, work_dir, case_file, checkpoint_dir)
         reference, snapshots = self._reference(case, plan)
+        if plugins.resolve("fault", case.fault.kind).explores:
+            from .explore import Explorer
+
+            return Explorer(self, self.explore_profile, self.explore_restores).run(
+                case, work_dir, checkpoint_dir, plan, reference)
         fault = plugins.resolve("fault", case.fault.kind)(case.fault)
         env = CaseEnvironment(case=case, case_dir=work_dir, checkpoint_dir=checkpoint_dir)
         phases = [reference]

@@ -411,8 +411,13 @@ class _Validator:
         return spec
 
     def trigger(self, doc: dict, workload: WorkloadSpec, cls: type) -> Trigger:
-        rank = self.integer("fault.rank", doc.get("rank"), 0, workload.world_size - 1,
-                            f"0..{workload.world_size - 1} (workload.world_size is {workload.world_size})")
+        if cls.needs_rank:
+            rank = self.integer("fault.rank", doc.get("rank"), 0, workload.world_size - 1,
+                                f"0..{workload.world_size - 1} (workload.world_size is {workload.world_size})")
+        elif "rank" in doc:
+            raise self.error("fault.rank", f"a {cls.kind} fault hits every rank at once; leave rank out", doc["rank"])
+        else:
+            rank = 0
         phase = self.choice("fault.phase", doc.get("phase", "save"), tuple(cls.points))
         step = self.integer("fault.step", doc.get("step"), 1, workload.steps, f"1..{workload.steps}")
         if phase == "save" and step not in workload.checkpoint_steps:

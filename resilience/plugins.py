@@ -25,6 +25,7 @@ FAULTS = {
     "throttle": "resilience.faults.network:Throttle",
     "preempt": "resilience.faults.preempt:Preempt",
     "version_mismatch": "resilience.faults.version:VersionMismatch",
+    "power_loss": "resilience.faults.power_loss:PowerLoss",
 }
 WORKLOADS = {
     "mlp": "resilience.workload:MLPWorkload",

@@ -110,3 +110,110 @@ class LoadsByLocalRank(PerRankSave):
         if directory is not None:
             workload.load_state_dict(load_checked(directory / f"ckpt_rank_{self.context.local_rank}.pt", False))
         dist.barrier()
+
+
+def _fsync_directory(path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+class PointerBeforeDurableShards(CheckpointStrategy):
+    """Broken under power loss: each rank writes its shard with a plain ``torch.save`` (never
+    fsynced), then rank 0 publishes the step in ``latest`` the careful way (temp file, fsync,
+    rename, directory fsync). The pointer is durable before the shards it names; restore follows it."""
+
+    def save(self, workload, step):
+        root = self.context.checkpoint_dir
+        directory = step_dir(root, step)
+        directory.mkdir(parents=True, exist_ok=True)
+        torch.save(workload.state_dict(), directory / f"shard_{self.context.rank}.pt")
+        dist.barrier()
+        if self.context.rank == 0:
+            staging = root / "latest.tmp"
+            with open(staging, "w") as f:
+                f.write(str(step))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(staging, root / "latest")
+            _fsync_directory(root)
+        dist.barrier()
+
+    def load(self, workload):
+        root = self.context.checkpoint_dir
+        pointer = root / "latest"
+        if pointer.exists():
+            directory = step_dir(root, int(pointer.read_text()))
+            workload.load_state_dict(torch.load(directory / f"shard_{self.context.rank}.pt", weights_only=True))
+        dist.barrier()
+
+
+class DurableShardsThenPointer(PointerBeforeDurableShards):
+    """Correct under power loss: every shard is written to a temp name, fsynced, renamed, and its
+    directory fsynced (the new step directory's entry in the root too) before rank 0 publishes
+    ``latest`` the same way."""
+
+    def save(self, workload, step):
+        root = self.context.checkpoint_dir
+        directory = step_dir(root, step)
+        directory.mkdir(parents=True, exist_ok=True)
+        final = directory / f"shard_{self.context.rank}.pt"
+        staging = final.with_suffix(".tmp")
+        with open(staging, "wb") as f:
+            torch.save(workload.state_dict(), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(staging, final)
+        _fsync_directory(directory)
+        _fsync_directory(root)
+        dist.barrier()
+        if self.context.rank == 0:
+            staging = root / "latest.tmp"
+            with open(staging, "w") as f:
+                f.write(str(step))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(staging, root / "latest")
+            _fsync_directory(root)
+        dist.barrier()
+
+
+class DcpPerStep(CheckpointStrategy):
+    """torch.distributed.checkpoint as a training script uses it: every rank calls ``dcp.save`` of
+    the model, optimizer, scheduler and progress into ``step_N/``; restore takes the newest step
+    directory that has DCP's ``.metadata`` (written last, through a temp file and a rename)."""
+
+    def _state(self, workload) -> dict:
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        return {"model": get_model_state_dict(workload.model),
+                "optimizer": get_optimizer_state_dict(workload.model, workload.optimizer),
+                "scheduler": workload.scheduler.state_dict(), "progress": workload.progress_state()}
+
+    def save(self, workload, step):
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._state(workload), checkpoint_id=str(step_dir(self.context.checkpoint_dir, step)))
+
+    def load(self, workload):
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        root = self.context.checkpoint_dir
+        complete = sorted(p for p in root.iterdir() if (p / ".metadata").exists()) if root.is_dir() else []
+        if complete:
+            state = self._state(workload)
+            dcp.load(state, checkpoint_id=str(complete[-1]))
+            set_model_state_dict(workload.model, state["model"])
+            set_optimizer_state_dict(workload.model, workload.optimizer, state["optimizer"])
+            workload.scheduler.load_state_dict(state["scheduler"])
+            workload.load_progress_state(state["progress"])
+        dist.barrier()

@@ -92,10 +92,16 @@ class Fault:
     step or a save; ``after_save(strategy, step)`` when its save returned; the IO hooks (``on_open``, ``on_write``, ``on_fsync``, ``before_close``,
     ``after_close``) for files under the checkpoint directory. Restarted ranks get no fault.
     A fault that fires calls ``fired(...)`` first, so the event is on record before it acts.
+    A fault whose ``explores`` is true gets the same calls in the first run, which then ends; the
+    harness hands the case to `resilience.explore`, which runs the restarts itself.
     """
 
     kind: ClassVar[str] = ""
     needs_trigger: ClassVar[bool] = True
+    #: whether the trigger names a rank (false: the fault hits every rank; the trigger's rank is 0)
+    needs_rank: ClassVar[bool] = True
+    #: whether the harness hands the case to the crash-state explorer (`resilience.explore`)
+    explores: ClassVar[bool] = False
     #: trigger points allowed per phase; the first is the default
     points: ClassVar[dict[str, tuple[str, ...]]] = {
         "save": ("start", "open", "write", "fsync", "close"), "train": ("start",)}

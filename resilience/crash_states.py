@@ -1,0 +1,367 @@
+"""Post-crash disk states of one traced save (the ALICE / LazyFS model, for checkpoints).
+
+The model, for a power cut somewhere inside the save of step S:
+
+- everything the earlier saves wrote is durable (the kernel wrote it back long ago);
+- the power cut is one instant for every rank (one power domain): each rank got through the ops
+  it had started before that instant (``CrashPoint.cuts``: one rank may be done while another has
+  not begun). Ranks are not cut independently of each other: a rank that waits in a collective for
+  a peer cannot be further along than that peer, and the trace does not record collectives, so
+  only the global order of the ops (one monotonic clock) tells which combinations can happen;
+- file data: an ``fsync`` (or ``fdatasync``) makes the file's data durable; data written since a
+  file's last fsync reaches the disk whole (``keep``), not at all (``drop``), as a prefix of the
+  written bytes (``prefix``: a torn write sequence; the truncation of an ``open(..., "w")`` happens,
+  so a prefix of 0 bytes is the 0-byte file seen after real power cuts), or in full except a range
+  of 4 KiB blocks that reads as zeros (``zeros``: the size reached the disk, those blocks never did);
+- namespace operations (create, rename, unlink, mkdir, rmdir) persist in the order they happened,
+  as a journaling filesystem commits them; a directory fsync commits every one before it; those
+  after the last commit persist only as a prefix (``lost_metadata`` of them, from the end, are lost).
+  A file fsync does not persist the file's name: POSIX asks for a directory fsync for that.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .io_trace import TraceOp, read_payload, read_trace
+
+BLOCK = 4096
+HOW = ("keep", "drop", "prefix", "zeros")  # simplest first: Hypothesis shrinks towards the front
+
+
+@dataclass(frozen=True)
+class Loss:
+    """What reached the disk of one file's data written since its last fsync."""
+
+    path: str
+    how: str  # one of HOW
+    keep_bytes: int = 0  # prefix: how many of the unsynced written bytes reached the disk
+    zero_from: int = 0  # zeros: the file range [zero_from, zero_to) that never did
+    zero_to: int = 0
+
+
+@dataclass(frozen=True)
+class CrashPoint:
+    """One power cut: how far each rank got, and what of the volatile state reached the disk."""
+
+    cuts: tuple[int, ...]  # per rank: how many of its ops of the save happened
+    lost_metadata: int = 0  # namespace ops not yet committed, lost from the end
+    losses: tuple[Loss, ...] = ()  # one per file with unsynced data that is still named on disk
+
+
+@dataclass(frozen=True)
+class Volatile:
+    """What a cut leaves uncommitted, for drawing the rest of a `CrashPoint`."""
+
+    metadata: tuple[TraceOp, ...]  # uncommitted namespace ops, in order
+    dirty: tuple[tuple[str, int, int], ...]  # (path, unsynced bytes written, size with them) per file
+
+
+@dataclass
+class _Inode:
+    durable: bytearray = field(default_factory=bytearray)
+    pending: list = field(default_factory=list)  # ("write", offset, bytes) or ("truncate", size)
+    first_dirty: tuple = ()
+
+    def applied(self, keep_bytes: int | None = None) -> bytearray:
+        """Durable data plus the pending ops, writes limited to ``keep_bytes`` bytes in all."""
+        data = bytearray(self.durable)
+        budget = keep_bytes
+        for op in self.pending:
+            if op[0] == "truncate":
+                del data[op[1]:]
+                continue
+            _, offset, payload = op
+            if budget is not None:
+                payload, budget = payload[:budget], max(0, budget - len(payload))
+            if not payload:
+                continue
+            if len(data) < offset:
+                data.extend(bytes(offset - len(data)))
+            data[offset:offset + len(payload)] = payload
+        return data
+
+    def unsynced_bytes(self) -> int:
+        return sum(len(op[2]) for op in self.pending if op[0] == "write")
+
+    def with_zeros(self, start: int, end: int) -> bytearray:
+        """Everything kept except the pending writes' bytes in [start, end): the old data where the
+        file was overwritten in place, zeros where it was new."""
+        data = self.applied()
+        old = b"" if any(op[0] == "truncate" for op in self.pending) else bytes(self.durable)
+        for op in self.pending:
+            if op[0] != "write":
+                continue
+            lo, hi = max(start, op[1]), min(end, op[1] + len(op[2]), len(data))
+            for position in range(lo, hi):
+                data[position] = old[position] if position < len(old) else 0
+        return data
+
+
+class _Filesystem:
+    """The namespace and file data, durable and volatile, while a trace is replayed."""
+
+    def __init__(self):
+        self.inodes: list[_Inode] = []
+        self.names: dict[str, int] = {}  # volatile: path -> inode
+        self.dirs: set[str] = {"."}
+        self.durable_names: dict[str, int] = {}
+        self.durable_dirs: set[str] = {"."}
+        self.uncommitted: list[TraceOp] = []
+        self.handles: dict[tuple[int, str], int] = {}  # (rank, path) -> inode of an open file
+        self.created: dict[tuple, int] = {}  # order of an open that created a file -> its inode
+
+    def apply(self, op: TraceOp, payload: bytes | None) -> None:
+        kind = op.kind
+        if kind == "open":
+            inode = self.names.get(op.path)
+            if inode is None:
+                self.inodes.append(_Inode())
+                inode = self.names[op.path] = self.created[op.order] = len(self.inodes) - 1
+                self.uncommitted.append(op)
+            if op.truncate:
+                self._pending(inode, op, ("truncate", 0))
+            self.handles[(op.rank, op.path)] = inode
+        elif kind == "write":
+            inode = self.handles.get((op.rank, op.path), self.names.get(op.path))
+            if inode is not None:
+                self._pending(inode, op, ("write", op.offset, payload))
+        elif kind == "close":
+            self.handles.pop((op.rank, op.path), None)
+        elif kind == "fsync":
+            inode = self.handles.get((op.rank, op.path), self.names.get(op.path))
+            if inode is not None:
+                node = self.inodes[inode]
+                node.durable, node.pending, node.first_dirty = node.applied(), [], ()
+        elif kind == "dir_fsync":
+            self.commit()
+        elif kind in ("rename", "unlink", "mkdir", "rmdir"):
+            _namespace(op, self.names, self.dirs)
+            self.uncommitted.append(op)
+
+    def _pending(self, inode: int, op: TraceOp, entry: tuple) -> None:
+        node = self.inodes[inode]
+        if not node.pending:
+            node.first_dirty = op.order
+        node.pending.append(entry)
+
+    def commit(self, count: int | None = None) -> None:
+        """Make the first ``count`` uncommitted namespace ops durable (all by default)."""
+        count = len(self.uncommitted) if count is None else count
+        for op in self.uncommitted[:count]:
+            if op.kind == "open":
+                self.durable_names[op.path] = self.created[op.order]
+            else:
+                _namespace(op, self.durable_names, self.durable_dirs)
+        del self.uncommitted[:count]
+
+    def sync_everything(self) -> None:
+        self.commit()
+        for node in self.inodes:
+            node.durable, node.pending, node.first_dirty = node.applied(), [], ()
+
+
+def _namespace(op: TraceOp, names: dict[str, int], dirs: set[str]) -> None:
+    if op.kind == "mkdir":
+        dirs.add(op.path)
+    elif op.kind == "rmdir":
+        dirs.discard(op.path)
+    elif op.kind == "unlink":
+        names.pop(op.path, None)
+    elif op.kind == "rename":
+        if op.path in names:
+            names[op.target] = names.pop(op.path)
+        elif op.path in dirs:  # a directory: everything under it moves with it
+            prefix = op.path + "/"
+            for path in [p for p in names if p.startswith(prefix)]:
+                names[op.target + "/" + path[len(prefix):]] = names.pop(path)
+            for path in [d for d in dirs if d == op.path or d.startswith(prefix)]:
+                dirs.discard(path)
+                dirs.add(op.target + path[len(op.path):])
+
+
+class CrashModel:
+    """The traced save of ``step`` and the durable state before it; builds crash states."""
+
+    def __init__(self, trace_dir: Path, world_size: int, step: int):
+        self.step = step
+        self.before: list[tuple[TraceOp, Path]] = []
+        self.ops: list[list[TraceOp]] = []  # per rank, the explored save's ops in that rank's order
+        self.data_paths: list[Path] = []
+        for rank in range(world_size):
+            ops, data_path = read_trace(trace_dir, rank)
+            self.data_paths.append(data_path)
+            self.before.extend((op, data_path) for op in ops if op.step < step)
+            self.ops.append([op for op in ops if op.step == step])
+        self.before.sort(key=lambda item: item[0].order)
+        self.merged = sorted((op for ops in self.ops for op in ops), key=lambda op: op.order)
+        self._payloads: dict[tuple[int, int], bytes] = {}
+
+    @property
+    def op_counts(self) -> tuple[int, ...]:
+        return tuple(len(ops) for ops in self.ops)
+
+    def boundaries(self) -> list[int]:
+        """The instants worth telling apart, as counts of the save's ops (all ranks, in global
+        order) that happened: 0, and after every op except a write that its rank's next op, another
+        write to the same file, follows (a cut inside such a run leaves what a cut after the run
+        leaves with only a prefix of the run's bytes: the ``prefix`` loss)."""
+        inside_run = set()
+        for ops in self.ops:
+            for op, following in itertools.pairwise(ops):
+                if op.kind == following.kind == "write" and op.path == following.path:
+                    inside_run.add((op.rank, op.seq))
+        return [0] + [index + 1 for index, op in enumerate(self.merged) if (op.rank, op.seq) not in inside_run]
+
+    def cuts_at(self, count: int) -> tuple[int, ...]:
+        """Per rank, how many of its ops are among the first ``count`` of the global order: the
+        power cut is one instant for every rank, each caught at its own op."""
+        cuts = [0] * len(self.ops)
+        for op in self.merged[:count]:
+            cuts[op.rank] += 1
+        return tuple(cuts)
+
+    def _payload(self, op: TraceOp) -> bytes | None:
+        if op.kind != "write":
+            return None
+        key = (op.rank, op.seq)
+        if key not in self._payloads:
+            self._payloads[key] = read_payload(self.data_paths[op.rank], op)
+        return self._payloads[key]
+
+    def _replay(self, cuts: tuple[int, ...]) -> _Filesystem:
+        fs = _Filesystem()
+        for op, _ in self.before:
+            fs.apply(op, self._payload(op))
+        fs.sync_everything()
+        happened = sorted((op for rank, ops in enumerate(self.ops) for op in ops[:cuts[rank]]),
+                          key=lambda op: op.order)
+        for op in happened:
+            fs.apply(op, self._payload(op))
+        return fs
+
+    def volatile(self, cuts: tuple[int, ...]) -> Volatile:
+        fs = self._replay(cuts)
+        return Volatile(metadata=tuple(fs.uncommitted), dirty=tuple(self._dirty(fs, fs.names)))
+
+    @staticmethod
+    def _dirty(fs: _Filesystem, names: dict[str, int]):
+        """(path, unsynced bytes, size) of each named file with pending data, in the order it became dirty."""
+        named = sorted(((fs.inodes[inode].first_dirty, path, inode) for path, inode in names.items()
+                        if fs.inodes[inode].pending))
+        return [(path, fs.inodes[inode].unsynced_bytes(), len(fs.inodes[inode].applied()))
+                for _, path, inode in named]
+
+    def disk(self, point: CrashPoint) -> tuple[dict[str, bytes], set[str]]:
+        """The files (path -> content) and directories a power cut at ``point`` leaves on disk."""
+        fs = self._replay(point.cuts)
+        fs.commit(max(0, len(fs.uncommitted) - point.lost_metadata))
+        # a loss is named by the file's path at the moment of the crash (volatile namespace)
+        volatile_path = {inode: path for path, inode in fs.names.items()}
+        losses = {loss.path: loss for loss in point.losses}
+        files = {}
+        for path, inode in fs.durable_names.items():
+            node = fs.inodes[inode]
+            loss = losses.get(volatile_path.get(inode, path))
+            if not node.pending or loss is None or loss.how == "keep":
+                files[path] = bytes(node.applied())
+            elif loss.how == "drop":
+                files[path] = bytes(node.durable)
+            elif loss.how == "prefix":
+                files[path] = bytes(node.applied(loss.keep_bytes))
+            else:
+                files[path] = bytes(node.with_zeros(loss.zero_from, loss.zero_to))
+        return files, set(fs.durable_dirs)
+
+    def returned(self, point: CrashPoint) -> frozenset[int]:
+        """The ranks whose ``save`` had returned before the power cut."""
+        return frozenset(rank for rank, (cut, ops) in enumerate(zip(point.cuts, self.ops))
+                         if cut and ops[cut - 1].kind == "returned")
+
+    def sweep(self) -> list[CrashPoint]:
+        """At every boundary instant: nothing volatile lost (what killing every rank leaves), then
+        everything volatile lost (unsynced data dropped, uncommitted namespace ops undone)."""
+        points = []
+        for count in self.boundaries():
+            cuts = self.cuts_at(count)
+            volatile = self.volatile(cuts)
+            points.append(CrashPoint(cuts=cuts))
+            points.append(CrashPoint(cuts=cuts, lost_metadata=len(volatile.metadata),
+                                     losses=tuple(Loss(path, "drop") for path, _, _ in volatile.dirty)))
+        return points
+
+    def complete(self) -> CrashPoint:
+        """No crash at all: every op happened and everything reached the disk."""
+        return CrashPoint(cuts=self.op_counts)
+
+    def describe(self, point: CrashPoint) -> list[str]:
+        """The crash in words: where each rank was cut, what was lost."""
+        lines = []
+        for rank, (cut, ops) in enumerate(zip(point.cuts, self.ops)):
+            if cut == 0:
+                where = "before its first operation of the save"
+            else:
+                where = f"after op {cut} of {len(ops)} ({ops[cut - 1].describe()})"
+            upcoming = f"; next would have been: {ops[cut].describe()}" if cut < len(ops) else ""
+            lines.append(f"rank {rank} lost power {where}{upcoming}")
+        volatile = self.volatile(point.cuts)
+        if point.lost_metadata:
+            lost = volatile.metadata[len(volatile.metadata) - point.lost_metadata:]
+            lines.append("never committed to the directory: " + "; ".join(
+                f"rank {op.rank} {op.describe()}" for op in lost))
+        sizes = {path: (unsynced, size) for path, unsynced, size in volatile.dirty}
+        for loss in point.losses:
+            unsynced, size = sizes.get(loss.path, (0, 0))
+            if loss.how == "keep":
+                continue
+            head = f"{loss.path}: {unsynced} unsynced bytes (file size {size})"
+            if loss.how == "drop":
+                lines.append(f"{head} all lost")
+            elif loss.how == "prefix":
+                lines.append(f"{head} torn: only the first {loss.keep_bytes} written bytes reached the disk")
+            else:
+                lines.append(f"{head} reached the disk except bytes {loss.zero_from}..{loss.zero_to}, "
+                             f"which read as zeros (blocks never written back)")
+        return lines
+
+
+def materialise(files: dict[str, bytes], dirs: set[str], target: Path) -> None:
+    """Write a disk state as a real directory tree at ``target`` (which must not exist)."""
+    target.mkdir(parents=True)
+    for directory in sorted(dirs):
+        (target / directory).mkdir(parents=True, exist_ok=True)
+    for path, content in files.items():
+        destination = target / path
+        destination.parent.mkdir(parents=True, exist_ok=True)  # a name whose directory entry was lost
+        destination.write_bytes(content)
+
+
+def state_hash(files: dict[str, bytes], dirs: set[str]) -> str:
+    """Identical disk states have the same hash: each is restored once."""
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(f"f {path} {hashlib.sha256(files[path]).hexdigest()}\n".encode())
+    for directory in sorted(dirs):
+        digest.update(f"d {directory}\n".encode())
+    return digest.hexdigest()
+
+
+def read_tree(root: Path) -> tuple[dict[str, bytes], set[str]]:
+    """The files and directories under ``root`` as `CrashModel.disk` gives them."""
+    files, dirs = {}, {"."}
+    for current, subdirs, names in os.walk(root):
+        relative = os.path.relpath(current, root).replace(os.sep, "/")
+        for name in subdirs:
+            dirs.add(name if relative == "." else f"{relative}/{name}")
+        for name in names:
+            path = name if relative == "." else f"{relative}/{name}"
+            files[path] = (Path(current) / name).read_bytes()
+    return files, dirs
+
+
+def remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,265 @@
+"""Crash-state exploration: the IO trace, the post-crash disk model, and the explorer on real ranks.
+
+The model tests write small traces by hand (what a rank would record) and check the disk states
+the model allows. The recording test runs a real save in a forked child with the power_loss
+fault armed, as a rank does, and checks the trace rebuilds the directory byte for byte. The
+explorer tests run real gloo ranks: a strategy that makes its pointer durable before its shards
+is caught as SILENT and shrunk to one crash state; a careful one recovers from every state drawn.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from resilience.crash_states import (
+    CrashModel,
+    CrashPoint,
+    Loss,
+    materialise,
+    read_tree,
+    state_hash,
+)
+from resilience.errors import ScenarioError
+from resilience.faults.base import Clock, RankEnvironment
+from resilience.faults.power_loss import PowerLoss, trace_dir
+from resilience.harness import Harness
+from resilience.interception import Interceptor
+from resilience.io_trace import TraceWriter, read_trace
+from resilience.scenario import FaultSpec, Trigger, VerdictKind
+from tests.harness_helpers import case_from
+
+FORK = multiprocessing.get_context("fork")
+SAVE = 8  # the explored save; step 4 is the earlier, durable one
+
+
+class Recorder:
+    """Writes a rank's trace as the power_loss fault would, one op per call."""
+
+    def __init__(self, directory: Path, rank: int = 0):
+        self.writer = TraceWriter(directory, rank)
+
+    def __call__(self, step: int, kind: str, payload: bytes | None = None, **fields):
+        self.writer.record(step, kind, payload, **fields)
+
+    def close(self):
+        self.writer.close()
+
+
+def write_file(record: Recorder, step: int, path: str, data: bytes, fsync: bool = False, truncate: bool = True):
+    record(step, "open", path=path, truncate=truncate)
+    record(step, "write", data, path=path, offset=0)
+    if fsync:
+        record(step, "fsync", path=path)
+    record(step, "close", path=path)
+
+
+def model_of(tmp_path: Path, world_size: int = 1) -> CrashModel:
+    return CrashModel(tmp_path, world_size, SAVE)
+
+
+def disk(model: CrashModel, **point) -> dict[str, bytes]:
+    point.setdefault("cuts", model.op_counts)
+    return model.disk(CrashPoint(**point))[0]
+
+
+# -- the model --------------------------------------------------------------------------------------
+
+def test_a_rename_without_a_directory_fsync_may_not_persist(tmp_path):
+    record = Recorder(tmp_path)
+    write_file(record, SAVE, "ckpt.tmp", b"new state", fsync=True)
+    record(SAVE, "rename", path="ckpt.tmp", target="ckpt")
+    record.close()
+    model = model_of(tmp_path)
+    assert [op.kind for op in model.volatile(model.op_counts).metadata] == ["open", "rename"]
+    assert disk(model) == {"ckpt": b"new state"}
+    assert disk(model, lost_metadata=1) == {"ckpt.tmp": b"new state"}  # the rename never reached the disk
+    assert disk(model, lost_metadata=2) == {}  # nor the file's creation
+
+
+def test_a_directory_fsync_commits_every_namespace_op_before_it(tmp_path):
+    record = Recorder(tmp_path)
+    record(SAVE, "mkdir", path="step")
+    write_file(record, SAVE, "step/ckpt.tmp", b"new state", fsync=True)
+    record(SAVE, "rename", path="step/ckpt.tmp", target="step/ckpt")
+    record(SAVE, "dir_fsync", path="step")
+    record.close()
+    model = model_of(tmp_path)
+    assert model.volatile(model.op_counts).metadata == ()
+    files, dirs = model.disk(CrashPoint(cuts=model.op_counts))
+    assert files == {"step/ckpt": b"new state"} and dirs == {".", "step"}
+
+
+def test_unsynced_data_is_kept_dropped_torn_or_holed_and_fsynced_data_is_not(tmp_path):
+    record = Recorder(tmp_path)
+    record(SAVE - 4, "mkdir", path="d")  # the earlier save: durable
+    write_file(record, SAVE, "d/synced", b"s" * 5000, fsync=True)
+    data = bytes(range(256)) * 40  # 10240 bytes: three 4 KiB blocks
+    write_file(record, SAVE, "d/unsynced", data)
+    record(SAVE, "dir_fsync", path="d")
+    record.close()
+    model = model_of(tmp_path)
+    assert model.volatile(model.op_counts).dirty == (("d/unsynced", len(data), len(data)),)
+    for how, expected in (("keep", data), ("drop", b""), ("prefix", data[:1000])):
+        files = disk(model, losses=(Loss("d/unsynced", how, keep_bytes=1000),))
+        assert files == {"d/synced": b"s" * 5000, "d/unsynced": expected}, how
+    holed = disk(model, losses=(Loss("d/unsynced", "zeros", zero_from=4096, zero_to=8192),))["d/unsynced"]
+    assert holed == data[:4096] + bytes(4096) + data[8192:]  # the size reached the disk, one block did not
+
+
+def test_a_truncating_rewrite_of_a_durable_file_can_leave_it_empty_or_old(tmp_path):
+    """DeepSpeed's `latest`: open(..., "w") and write, no fsync, over the earlier save's file."""
+    record = Recorder(tmp_path)
+    write_file(record, SAVE - 4, "latest", b"global_step4")
+    write_file(record, SAVE, "latest", b"global_step8")
+    record.close()
+    model = model_of(tmp_path)
+    assert disk(model, cuts=(0,)) == {"latest": b"global_step4"}
+    assert disk(model) == {"latest": b"global_step8"}
+    assert disk(model, losses=(Loss("latest", "drop"),)) == {"latest": b"global_step4"}
+    assert disk(model, losses=(Loss("latest", "prefix", keep_bytes=0),)) == {"latest": b""}  # the 0-byte file
+    assert disk(model, losses=(Loss("latest", "prefix", keep_bytes=7),)) == {"latest": b"global_"}
+
+
+def test_the_power_cut_is_one_instant_for_every_rank(tmp_path):
+    ranks = [Recorder(tmp_path, 0), Recorder(tmp_path, 1)]
+    ranks[0](SAVE, "open", path="a", truncate=True)
+    ranks[1](SAVE, "open", path="b", truncate=True)
+    for chunk in range(3):  # interleaved runs of writes: cuts inside them are prefix losses
+        ranks[0](SAVE, "write", b"x" * 10, path="a", offset=10 * chunk)
+        ranks[1](SAVE, "write", b"y" * 10, path="b", offset=10 * chunk)
+    ranks[1](SAVE, "close", path="b")
+    ranks[1](SAVE, "returned")
+    ranks[0](SAVE, "close", path="a")
+    for recorder in ranks:
+        recorder.close()
+    model = model_of(tmp_path, world_size=2)
+    assert model.op_counts == (5, 6)
+    boundaries = model.boundaries()
+    assert [model.cuts_at(b) for b in boundaries] == [(0, 0), (1, 0), (1, 1), (4, 3), (4, 4), (4, 5), (4, 6), (5, 6)]
+    assert model.cuts_at(len(model.merged)) == model.op_counts
+
+
+def test_identical_disk_states_share_a_hash_and_materialise_as_real_directories(tmp_path):
+    files = {"step/a.pt": b"\x00\x01", "latest": b"step"}
+    materialise(files, {".", "step", "empty"}, tmp_path / "state")
+    assert read_tree(tmp_path / "state") == (files, {".", "step", "empty"})
+    assert state_hash(files, {".", "step"}) == state_hash(dict(reversed(files.items())), {"step", "."})
+    assert state_hash(files, {".", "step"}) != state_hash({**files, "latest": b"stop"}, {".", "step"})
+
+
+# -- recording in a rank process ----------------------------------------------------------------------
+
+def _traced_save(root: Path, case_dir: Path) -> None:
+    """In a forked child: what a rank does with the power_loss fault armed, then a save."""
+    fault = PowerLoss(FaultSpec(kind="power_loss", trigger=Trigger(rank=0, step=SAVE, phase="save", point="any",
+                                                                    file="*", after_bytes=None),
+                                params={"profile": "ci"}))
+    clock = Clock()
+    Interceptor(root, [fault]).install()
+    fault.arm(RankEnvironment(rank=0, world_size=1, checkpoint_dir=root, clock=clock,
+                              emit=lambda *a, **k: None, case_dir=case_dir))
+    clock.phase, clock.save_step, clock.step = "save", SAVE, SAVE
+    (root / "step_8").mkdir()
+    torch.save({"w": torch.arange(5000, dtype=torch.float32)}, root / "step_8" / "model.pt")
+    with open(root / "latest.tmp", "w") as f:
+        f.write("step_8")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(root / "latest.tmp", root / "latest")
+    descriptor = os.open(root, os.O_RDONLY)
+    os.fsync(descriptor)
+    os.close(descriptor)
+    os.unlink(root / "stale")
+    fault.after_save(None, SAVE)  # records that the save returned, then ends the process: os._exit(0)
+    os._exit(3)
+
+
+def test_the_trace_of_a_real_save_rebuilds_the_directory_byte_for_byte(tmp_path):
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    (root / "stale").write_bytes(b"removed by the save")
+    child = FORK.Process(target=_traced_save, args=(root, tmp_path))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    ops, _ = read_trace(trace_dir(tmp_path), 0)
+    kinds = [op.kind for op in ops]
+    assert kinds[:2] == ["mkdir", "open"] and kinds[-6:] == ["fsync", "close", "rename", "dir_fsync", "unlink",
+                                                             "returned"]
+    assert {op.path for op in ops if op.kind == "write"} == {"step_8/model.pt", "latest.tmp"}
+    assert ops[-4].path == "latest.tmp" and ops[-4].target == "latest" and ops[-3].path == "."
+    model = CrashModel(trace_dir(tmp_path), 1, SAVE)
+    rebuilt_files, rebuilt_dirs = model.disk(model.complete())
+    assert (rebuilt_files, rebuilt_dirs) == read_tree(root)
+    assert torch.load(root / "step_8" / "model.pt", weights_only=True)["w"].shape == (5000,)
+
+
+# -- the scenario surface -----------------------------------------------------------------------------
+
+def test_a_power_loss_names_no_rank():
+    case = case_from(fault={"kind": "power_loss", "step": SAVE})
+    assert case.fault.trigger.step == SAVE and case.fault.params == {"profile": "ci"}
+    with pytest.raises(ScenarioError, match=r"fault\.rank: .*every rank.*got 1"):
+        case_from(fault={"kind": "power_loss", "step": SAVE, "rank": 1})
+    with pytest.raises(ScenarioError, match=r"fault\.profile.*allowed: ci, long"):
+        case_from(fault={"kind": "power_loss", "step": SAVE, "profile": "forever"})
+
+
+# -- the explorer on real ranks -----------------------------------------------------------------------
+
+def explore(tmp_path, strategy: str, expect: str, restores: int):
+    case = case_from(strategy=f"tests.strategies_under_test:{strategy}", expect=expect,
+                     workload={"steps": 12}, fault={"kind": "power_loss", "step": SAVE},
+                     timeouts={"phase": 60})
+    result = Harness(work_root=tmp_path, keep=True, explore_restores=restores).run(case)
+    return result, json.loads((result.work_dir / "exploration.json").read_text())
+
+
+def test_a_pointer_made_durable_before_its_shards_is_caught_and_shrunk_to_one_crash_state(tmp_path):
+    result, report = explore(tmp_path, "PointerBeforeDurableShards", "fails_loudly", restores=60)
+    verdict = result.verdict
+    assert verdict.kind is VerdictKind.SILENT, verdict.findings
+    assert report["failing"] and report["counts"]["SILENT"] >= 1
+    point = report["reported"]["point"]
+    # one shard lost blocks the disk never got; every other file reached the disk whole
+    assert len(point["losses"]) == 1 and point["losses"][0]["how"] == "zeros"
+    assert point["losses"][0]["path"].startswith("step_00000008/shard_")
+    assert point["losses"][0]["zero_to"] - point["losses"][0]["zero_from"] == 4096
+    assert point["lost_metadata"] == 0
+    assert verdict.restored_step == SAVE and verdict.complete_step == 4
+    text = "\n".join(verdict.findings)
+    assert "the smallest Hypothesis shrank to" in text
+    assert "rename latest.tmp -> latest" in text  # where rank 0 was: its pointer already renamed
+    assert "read as zeros" in text and "differs from the reference" in text
+
+
+def test_a_careful_strategy_recovers_from_every_crash_state_drawn(tmp_path):
+    result, report = explore(tmp_path, "DurableShardsThenPointer", "recovers", restores=20)
+    assert result.verdict.kind is VerdictKind.RECOVERED, result.verdict.findings
+    assert set(report["counts"]) == {"RECOVERED"} and sum(report["counts"].values()) >= 5
+    assert {state["point"]["cuts"][0] for state in report["states"]} != {0}  # it did cut inside the save
+
+
+def test_a_rename_without_a_directory_fsync_loses_a_checkpoint_whose_save_returned(tmp_path):
+    result, report = explore(tmp_path, "AtomicFallbackSave", "fails_loudly", restores=30)
+    assert result.verdict.kind is VerdictKind.SILENT, result.verdict.findings
+    assert any("lost checkpoint" in finding for finding in result.verdict.findings)
+    assert result.verdict.restored_step == 4 and result.verdict.complete_step == SAVE
+    assert report["reported"]["point"]["lost_metadata"] >= 1  # a rename never reached the directory
+    assert any("rename step_00000008/ckpt_rank_" in finding for finding in result.verdict.findings)
+
+
+def test_the_explore_command_runs_only_power_loss_cases(tmp_path, capsys):
+    from resilience.cli import main
+
+    scenario = tmp_path / "mixed.scenario.yaml"
+    scenario.write_text("name: no power loss here\ndescription: a kill case\nstrategy: torch.rank0\n"
+                        "workload: {model: mlp, world_size: 2, steps: 8, checkpoint_every: 4}\n"
+                        "fault: {kind: kill, rank: 0, step: 4, phase: save}\nexpect: recovers\n")
+    assert main(["explore", str(scenario), "--workdir", str(tmp_path / "work")]) == 0
+    assert capsys.readouterr().out == ""  # the kill case was not run
