@@ -12,8 +12,6 @@ import re
 from pathlib import Path
 
 import pytest
-
-from resilience import plugins
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
