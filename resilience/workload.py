@@ -209,6 +209,15 @@ class MLPWorkload(TrainableWorkload):
         self._step += 1
         return float(flat[-1])
 
+    def evaluation_loss(self) -> float:
+        """The loss on a fixed evaluation batch (the first ``global_batch`` examples, no noise) under
+        the current parameters. Changes no state and needs no collective, so a strategy can record
+        it at save time and a check after loading can recompute it (bitwise equal if restored)."""
+        count = min(self.spec.global_batch, self.dataset_size)
+        with torch.no_grad():
+            errors = (self.model(self.inputs[:count]) - self.targets[:count]) ** 2
+        return float(errors.sum() / count)
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "model": self.model.state_dict(),
