@@ -39,7 +39,18 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--cache", type=Path, default=None,
                      help="reference-run cache directory (default: $RESILIENCE_CACHE or ~/.cache/resilience)")
     run.add_argument("--no-cache", action="store_true", help="run the reference in every case")
+    from . import catalog, qualify
+    qualify.add_arguments(sub.add_parser("qualify", help="run a scenario set and write a qualification report",
+                                         description=qualify.__doc__))
+    listing = sub.add_parser("list", help="the available strategies, faults or workloads, with their options")
+    listing.add_argument("what", choices=sorted(catalog.KINDS))
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.command == "qualify":
+        return qualify.main(args)
+    if args.command == "list":
+        print(catalog.render(catalog.KINDS[args.what]))
+        return 0
 
     cache = None if args.no_cache else ReferenceCache(args.cache or default_cache_dir())
     harness = Harness(backend=BACKENDS[args.backend](), work_root=args.workdir, keep=args.keep, cache=cache)
