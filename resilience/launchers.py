@@ -9,8 +9,8 @@ refuses with `LauncherUnavailable` instead of pretending.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .backend import BACKENDS, DEFAULT_BACKEND
 from .errors import ResilienceError

@@ -63,14 +63,14 @@ class CaseRecord:
         return self.status in PASSING
 
     @classmethod
-    def not_run(cls, case: Case, status: str, reason: str, elapsed_s: float) -> "CaseRecord":
+    def not_run(cls, case: Case, status: str, reason: str, elapsed_s: float) -> CaseRecord:
         return cls(source=case.source, case_id=case.id, name=case.name, strategy=strategy_label(case),
                    fault=fault_label(case), status=status, reason=reason, verdict=None,
                    expected=case.expect.verdict.value, elapsed_s=elapsed_s,
                    replay=replay_command(case.source, case.id))
 
     @classmethod
-    def of(cls, result: CaseResult, outcome: CaseOutcome, elapsed_s: float) -> "CaseRecord":
+    def of(cls, result: CaseResult, outcome: CaseOutcome, elapsed_s: float) -> CaseRecord:
         case, verdict = result.case, result.verdict
         logs = () if outcome.status in PASSING else tuple(
             RankLog(phase=phase.name, rank=r.rank, returncode=r.returncode, stdout_tail=r.stdout_tail,

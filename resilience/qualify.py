@@ -15,8 +15,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from . import junit, launchers, plugins, qualify_html
 from .backend import BACKENDS, DEFAULT_BACKEND
@@ -63,7 +63,9 @@ def matches(case: Case, expression: str | None) -> bool:
     """pytest's -k language over the words that name a case."""
     if not expression:
         return True
-    from _pytest.mark.expression import Expression  # the same grammar users know from pytest
+    from _pytest.mark.expression import (
+        Expression,  # the same grammar users know from pytest
+    )
 
     words = [case.id, case.source, Path(case.source).name, case.name, case.strategy.name, case.fault.kind]
 

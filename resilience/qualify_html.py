@@ -3,7 +3,13 @@ from __future__ import annotations
 
 from html import escape
 
-from .qualification import FAILING, CaseRecord, Qualification, StrategyThroughput, summary
+from .qualification import (
+    FAILING,
+    CaseRecord,
+    Qualification,
+    StrategyThroughput,
+    summary,
+)
 from .svg_plot import Series, loss_plot
 
 STYLE = """

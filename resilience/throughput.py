@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import shutil
 import statistics
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .harness import CaseResult, Harness
 from .loader import load_document

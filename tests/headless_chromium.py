@@ -53,7 +53,7 @@ class Browser:
         self.events: list[dict] = []
         self.session: str | None = None
 
-    def __enter__(self) -> "Browser":
+    def __enter__(self) -> Browser:
         return self
 
     def __exit__(self, *exc) -> None:
