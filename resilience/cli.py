@@ -44,10 +44,15 @@ def main(argv: list[str] | None = None) -> int:
                                          description=qualify.__doc__))
     listing = sub.add_parser("list", help="the available strategies, faults or workloads, with their options")
     listing.add_argument("what", choices=sorted(catalog.KINDS))
+    from . import verify_cli
+    verify_cli.add_arguments(sub.add_parser("verify", help="load an existing checkpoint in real ranks and check it",
+                                            description=verify_cli.__doc__))
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command == "qualify":
         return qualify.main(args)
+    if args.command == "verify":
+        return verify_cli.main(args)
     if args.command == "list":
         print(catalog.render(catalog.KINDS[args.what]))
         return 0

@@ -129,6 +129,7 @@ class MLPWorkload(TrainableWorkload):
     input_dim = 32
     dataset_size = 512
     noise_scale = 0.05
+    evaluation_examples = 64
     base_lr = 1e-3
 
     def __init__(self, spec: WorkloadSpec, rank: int, world_size: int):
@@ -210,10 +211,11 @@ class MLPWorkload(TrainableWorkload):
         return float(flat[-1])
 
     def evaluation_loss(self) -> float:
-        """The loss on a fixed evaluation batch (the first ``global_batch`` examples, no noise) under
-        the current parameters. Changes no state and needs no collective, so a strategy can record
-        it at save time and a check after loading can recompute it (bitwise equal if restored)."""
-        count = min(self.spec.global_batch, self.dataset_size)
+        """The loss on a fixed evaluation batch (the first ``evaluation_examples`` examples, no noise)
+        under the current parameters, whatever the world size or batch. Changes no state and needs no
+        collective, so a strategy can record it at save time and a check after loading can recompute
+        it (bitwise equal if the model was restored)."""
+        count = self.evaluation_examples
         with torch.no_grad():
             errors = (self.model(self.inputs[:count]) - self.targets[:count]) ** 2
         return float(errors.sum() / count)
