@@ -72,6 +72,8 @@ def test_json_records_environment_and_filesystem_figures(qualified):
     assert report["bandwidth"]["bytes_per_s"] > 0
     labels = [t["strategy"] for t in report["throughput"]]
     assert labels == ["torch.per_rank", "torch.per_rank {stagger: 1}"]
+    # a strategy that does not restore its own no-fault checkpoint gets no figure, and the report says why
+    assert any("ForgetsOptimizer not measured" in note and "SILENT" in note for note in report["notes"])
     for figure in report["throughput"]:
         assert figure["bytes_per_checkpoint"] > 1 << 20
         assert figure["save_fraction"] > 0 and figure["restore_fraction"] > 0
