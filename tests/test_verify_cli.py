@@ -100,3 +100,18 @@ def test_bad_arguments_name_what_is_allowed(tmp_path, capsys):
     assert status == 2 and "torch.rank0" in out
     status, out = verify(capsys, tmp_path, "--strategy", "torch.per_rank", "--option", "stagger")
     assert status == 2 and "KEY=VALUE" in out
+
+
+def test_deepspeed_checkpoint_passes_with_step_check(tmp_path, capsys):
+    """The loss recorded in DeepSpeed's client state at save time, recomputed after load_checkpoint."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed (DS_BUILD_OPS=0 pip install -e '.[deepspeed]')")
+    result = run_case(tmp_path, keep=True, strategy="deepspeed.zero2", workload={"global_batch": 8})
+    assert result.verdict.kind.value == "RECOVERED", result.verdict.findings
+    status, out = verify(capsys, result.work_dir / "checkpoints", "--strategy", "deepspeed.zero2",
+                         "--option", "restore=native", "--step-check")
+    shutil.rmtree(result.work_dir)
+    assert status == 0, out
+    assert "step 8" in out and "bitwise" in out
