@@ -108,7 +108,7 @@ def test_deepspeed_checkpoint_passes_with_step_check(tmp_path, capsys):
 
     if importlib.util.find_spec("deepspeed") is None:
         pytest.skip("deepspeed is not installed (DS_BUILD_OPS=0 pip install -e '.[deepspeed]')")
-    result = run_case(tmp_path, keep=True, strategy="deepspeed.zero2", workload={"global_batch": 8})
+    result = run_case(tmp_path, keep=True, strategy="deepspeed.zero2")
     assert result.verdict.kind.value == "RECOVERED", result.verdict.findings
     status, out = verify(capsys, result.work_dir / "checkpoints", "--strategy", "deepspeed.zero2",
                          "--option", "restore=native", "--step-check")
