@@ -45,6 +45,8 @@ class Browser:
             # close_fds would run after preexec_fn and close fds 3 and 4 again; the pipes themselves
             # are not inheritable, so only the two dup2 copies reach the browser
             preexec_fn=child_fds, close_fds=False, start_new_session=True,
+            # its temporary files go into the profile, removed with it (a SIGKILLed browser keeps them)
+            env={**os.environ, "TMPDIR": self.profile},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         os.close(to_browser_r)
         os.close(from_browser_w)
