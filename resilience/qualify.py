@@ -59,20 +59,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip the filesystem probe and the throughput cases")
 
 
-def matches(case: Case, expression: str | None) -> bool:
-    """pytest's -k language over the words that name a case."""
+def keyword_filter(expression: str | None) -> Callable[[Case], bool]:
+    """pytest's -k language over the words that name a case (its id, file, name, strategy, fault)."""
     if not expression:
-        return True
-    from _pytest.mark.expression import (
-        Expression,  # the same grammar users know from pytest
-    )
+        return lambda case: True
+    from _pytest.mark.expression import Expression  # the same grammar users know from pytest
 
-    words = [case.id, case.source, Path(case.source).name, case.name, case.strategy.name, case.fault.kind]
+    try:
+        compiled = Expression.compile(expression)
+    except Exception as exc:  # pytest's ParseError: a malformed expression
+        raise ResilienceError(f"-k {expression!r}: {exc}; allowed: words joined by and, or, not and "
+                              f"parentheses, each matched as a substring of a case's id, file, strategy or fault") from None
 
-    def matcher(name: str, **_: object) -> bool:
-        return any(name.lower() in word.lower() for word in words)
+    def selected(case: Case) -> bool:
+        words = [case.id, case.source, Path(case.source).name, case.name, case.strategy.name, case.fault.kind]
+        return compiled.evaluate(lambda name, **_: any(name.lower() in word.lower() for word in words))
 
-    return Expression.compile(expression).evaluate(matcher)
+    return selected
+
+
+def matches(case: Case, expression: str | None) -> bool:
+    return keyword_filter(expression)(case)
 
 
 def select(paths: list[str], expression: str | None) -> tuple[list[Case], list[str]]:
@@ -86,10 +93,11 @@ def select(paths: list[str], expression: str | None) -> tuple[list[Case], list[s
             files.append(path)
         else:
             raise ResilienceError(f"{text}: no such scenario file or directory")
+    selected = keyword_filter(expression)
     cases, errors = [], []
     for path in files:
         try:
-            cases.extend(c for c in load_file(path).cases if matches(c, expression))
+            cases.extend(c for c in load_file(path).cases if selected(c))
         except ResilienceError as exc:
             errors.append(str(exc))
     return cases, errors

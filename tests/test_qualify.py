@@ -10,6 +10,7 @@ import yaml
 
 from resilience import cli, launchers
 from resilience.environment import mount_of, parse_mountinfo
+from resilience.errors import ResilienceError
 from resilience.loader import load_document
 from resilience.qualify import matches
 
@@ -129,6 +130,13 @@ def test_keyword_selection_uses_pytest_expressions():
     assert matches(case, "rank0 and kill")
     assert not matches(case, "rank0 and not kill")
     assert matches(case, None)
+    with pytest.raises(ResilienceError, match=r"-k 'rank0 and': .*allowed: words joined by and"):
+        matches(case, "rank0 and")
+
+
+def test_malformed_keyword_expression_is_refused(tmp_path, capsys):
+    status = cli.main(["qualify", str(ROOT / "scenarios"), "-k", "rank0 and", "--out", str(tmp_path)])
+    assert status == 2 and "-k 'rank0 and'" in capsys.readouterr().err
 
 
 def test_torchrun_launcher_refuses_clearly_when_absent(tmp_path, monkeypatch, capsys):
