@@ -1,4 +1,5 @@
-"""`python -m resilience run PATH... [--case ID]`: run scenario files outside pytest and print verdicts."""
+"""`python -m resilience run PATH... [--case ID]`: run scenario files outside pytest and print verdicts.
+`qualify` writes a qualification report, `verify` checks an existing checkpoint, `list` shows the plug-ins."""
 from __future__ import annotations
 
 import argparse
@@ -39,12 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--cache", type=Path, default=None,
                      help="reference-run cache directory (default: $RESILIENCE_CACHE or ~/.cache/resilience)")
     run.add_argument("--no-cache", action="store_true", help="run the reference in every case")
-    from . import catalog, qualify
+    from . import catalog, qualify, verify_cli
     qualify.add_arguments(sub.add_parser("qualify", help="run a scenario set and write a qualification report",
                                          description=qualify.__doc__))
     listing = sub.add_parser("list", help="the available strategies, faults or workloads, with their options")
     listing.add_argument("what", choices=sorted(catalog.KINDS))
-    from . import verify_cli
     verify_cli.add_arguments(sub.add_parser("verify", help="load an existing checkpoint in real ranks and check it",
                                             description=verify_cli.__doc__))
     args = parser.parse_args(argv)
