@@ -1,6 +1,7 @@
-"""`python -m resilience run PATH... [--case ID]`: run scenario files outside pytest and print verdicts
-(`python -m resilience torchrun ...`: the same under torchrun; `explore PATH... [--profile long]`: only
-their power_loss cases, with what each explored; `fuzz --strategy NAME`: topology fuzzing)."""
+"""`python -m resilience run PATH... [--case ID]`: run scenario files outside pytest and print verdicts.
+`qualify` writes a qualification report, `verify` checks an existing checkpoint, `list` shows the
+plug-ins, `torchrun` and `blackbox` run under torchrun, `explore` runs crash-state exploration,
+`fuzz` searches save/restart topologies."""
 from __future__ import annotations
 
 import argparse
@@ -70,7 +71,22 @@ def main(argv: list[str] | None = None) -> int:
                          help="how much to explore (default: the scenario's fault.profile)")
     explore.add_argument("--max-restores", type=int, default=None,
                          help="distinct crash states restored by real ranks, at most")
+    from . import catalog, qualify, verify_cli
+    qualify.add_arguments(sub.add_parser("qualify", help="run a scenario set and write a qualification report",
+                                         description=qualify.__doc__))
+    listing = sub.add_parser("list", help="the available strategies, faults or workloads, with their options")
+    listing.add_argument("what", choices=sorted(catalog.KINDS))
+    verify_cli.add_arguments(sub.add_parser("verify", help="load an existing checkpoint in real ranks and check it",
+                                            description=verify_cli.__doc__))
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.command == "qualify":
+        return qualify.main(args)
+    if args.command == "verify":
+        return verify_cli.main(args)
+    if args.command == "list":
+        print(catalog.render(catalog.KINDS[args.what]))
+        return 0
     if args.command == "torchrun":
         return torchrun_main(args)
     if args.command == "blackbox":

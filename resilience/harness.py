@@ -90,6 +90,48 @@ class CaseResult:
     def fault_fired(self) -> bool:
         return any(phase.fault_events for phase in self.phases)
 
+    # -- figures a qualification report shows (derived from the phases' events) ----------------
+    def phase(self, name: str) -> PhaseResult | None:
+        return next((p for p in self.phases if p.name == name), None)
+
+    def loss_series(self, name: str) -> dict[int, float]:
+        """Loss per step in phase ``name``, from whichever ranks reported it (a killed rank stops early)."""
+        found = self.phase(name)
+        series: dict[int, float] = {}
+        for record in found.ranks if found else ():
+            for event in record.events:
+                if event["event"] == "loss":
+                    series.setdefault(event["step"], event["loss"])
+        return dict(sorted(series.items()))
+
+    @property
+    def steps_lost(self) -> int | None:
+        """Steps the first run had trained that the restart had to train again (None: no restore)."""
+        restored, trained = self.verdict.restored_step, self.loss_series("first_run")
+        return None if restored is None else max(0, max(trained, default=0) - restored)
+
+    @property
+    def restore_s(self) -> float | None:
+        """Wall time of the restart's ``strategy.load``: its slowest rank."""
+        restart = self.phase("restart")
+        times = [e["load_s"] for e in restart.events("restored") if "load_s" in e] if restart else []
+        return max(times) if times else None
+
+    @property
+    def save_s(self) -> dict[int, float]:
+        """Per checkpoint step saved on every rank: first ``save_begin`` to last ``save_returned``."""
+        first_run = self.phase("first_run")
+        if first_run is None:
+            return {}
+        begun: dict[int, list[float]] = {}
+        returned: dict[int, list[float]] = {}
+        for event in first_run.events("save_begin"):
+            begun.setdefault(event["step"], []).append(event["time"])
+        for event in first_run.events("save_returned"):
+            returned.setdefault(event["step"], []).append(event["time"])
+        return {step: max(returned[step]) - min(begun[step]) for step in sorted(returned)
+                if len(returned[step]) == first_run.world_size and step in begun}
+
 
 class Harness:
     """Runs cases. ``cache``: a `ReferenceCache` to share reference runs across cases (None: run

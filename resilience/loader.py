@@ -355,7 +355,9 @@ class _Validator:
         cls = self.plugin("strategy", key, name)
         options = self.plain("strategy.options", self.mapping("strategy.options", options, tuple(cls.options)))
         for option, allowed in cls.option_values.items():
-            if option in options:
+            if option in options and allowed is int:  # a count, such as ranks per write wave
+                self.integer(f"strategy.options.{option}", options[option], 1, MAX_WORLD_SIZE)
+            elif option in options:
                 self.choice(f"strategy.options.{option}", options[option], allowed)
         return StrategySpec(name=name, options=options)
 

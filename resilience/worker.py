@@ -100,13 +100,15 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     workload = strategy.prepare(workload)
     snapshots = Path(plan.snapshot_dir) if plan.snapshot_dir else None
 
+    load_started = time.monotonic()  # the time to restore goes in the report
     if plan.start == "strategy":
         clock.phase = "load"
         strategy.load(workload)
     elif plan.start == "snapshot":
         workload.load_reference_snapshot(snapshots / f"step_{plan.snapshot_step}")
     clock.phase = "idle"
-    events.emit("restored", step=workload.step, fingerprint=workload.fingerprint())
+    events.emit("restored", step=workload.step, fingerprint=workload.fingerprint(),
+                load_s=time.monotonic() - load_started)
     if plan.record_states and snapshots is not None and plan.start == "fresh":
         workload.save_reference_snapshot(snapshots / f"step_{workload.step}")
 

@@ -140,6 +140,7 @@ class MLPWorkload(TrainableWorkload):
     input_dim = 32
     dataset_size = 512
     noise_scale = 0.05
+    evaluation_examples = 64
     base_lr = 1e-3
 
     def __init__(self, spec: WorkloadSpec, rank: int, world_size: int, topology: Topology | None = None):
@@ -205,6 +206,25 @@ class MLPWorkload(TrainableWorkload):
         self.scheduler.step()
         self._step += 1
         return float(flat[-1])
+
+    def evaluation_loss(self, parameters: dict[str, torch.Tensor] | None = None) -> float:
+        """The loss on a fixed evaluation batch (the first ``evaluation_examples`` examples, no noise)
+        under the current parameters, whatever the world size or batch. Changes no state and needs no
+        collective, so a strategy can record it at save time and a check after loading can recompute
+        it (bitwise equal if the model was restored). ``parameters``: use these (by name) instead of
+        the model's own, for an engine that keeps the model partitioned."""
+        count = self.evaluation_examples
+        if parameters is None:
+            parameters = dict(self.model.named_parameters())
+        with torch.no_grad():  # by hand, not through the module: an engine may have hooked it
+            hidden = self.inputs[:count]
+            layers = [name[:-len(".weight")] for name in parameters if name.endswith(".weight")]
+            for index, layer in enumerate(layers):
+                hidden = torch.nn.functional.linear(hidden, parameters[f"{layer}.weight"], parameters[f"{layer}.bias"])
+                if index < len(layers) - 1:
+                    hidden = torch.tanh(hidden)
+            errors = (hidden - self.targets[:count]) ** 2
+        return float(errors.sum() / count)
 
     def state_dict(self) -> dict[str, Any]:
         return {

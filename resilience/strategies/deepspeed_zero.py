@@ -111,6 +111,18 @@ class ZeroTrainedWorkload(Workload):
             state["optimizer"]["step"] = adam_step
         return state
 
+    def evaluation_loss(self) -> float:
+        """The inner workload's evaluation loss under the full parameters; recorded at save time as
+        client state. ZeRO-1/2 keep every parameter whole on every rank (they partition optimizer
+        state and gradients): no collective, so the save's own collectives stay the first a stalled
+        peer holds up. ZeRO-3 gathers its partitions (collective: every rank calls it)."""
+        parameters = self.engine.module.named_parameters()
+        if self.stage != 3:
+            return self.inner.evaluation_loss({name: p.detach() for name, p in parameters})
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        return self.inner.evaluation_loss({name: safe_get_full_fp32_param(p).detach() for name, p in parameters})
+
     def rank_local_state(self) -> dict[str, Any]:
         return self.inner.progress_state()  # state_dict() is collective; a rank new to the job calls this alone
 
@@ -197,6 +209,7 @@ class ZeroCheckpoint(CheckpointStrategy):
         self.restore = context.options.get("restore", "native")  # validated by the loader
         self.writer = context.options.get("writer", "torch")
         self.workload: ZeroTrainedWorkload | None = None
+        self.recorded_check_loss: float | None = None
 
     @classmethod
     def trainer(cls, options: Mapping[str, Any]) -> str:
@@ -235,7 +248,8 @@ class ZeroCheckpoint(CheckpointStrategy):
 
     def save(self, workload: Workload, step: int) -> None:
         self.workload.engine.save_checkpoint(str(self.context.checkpoint_dir), tag=f"global_step{step}",
-                                             client_state={"progress": self.workload.inner.progress_state()})
+                                             client_state={"progress": self.workload.inner.progress_state(),
+                                                           "check_loss": self.workload.evaluation_loss()})
 
     records_version = True
     CLAIMED_DS_VERSIONS: ClassVar[Mapping[str, str]] = {"older": "0.3.0", "newer": "99.0.0"}
@@ -264,6 +278,7 @@ class ZeroCheckpoint(CheckpointStrategy):
         if path is None:  # DeepSpeed found no checkpoint (it only warns): training starts over
             return
         self.workload.inner.load_progress_state(client_state["progress"])
+        self.recorded_check_loss = client_state.get("check_loss")  # for resilience verify --step-check
 
     def _convert_to_universal(self):
         """Rank 0 converts the checkpoint ``latest`` names; the others wait for it."""

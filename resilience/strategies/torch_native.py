@@ -10,6 +10,14 @@ as the seed's code would; option ``check_version: true`` refuses a file of anoth
 
 Option ``save_on_sigterm: true``: an emergency save of the current step when SIGTERM arrives
 (`resilience.preemption`), as training scripts on preemptible clusters add; off by default, as in the seed.
+
+Option ``stagger: K`` (per-rank scheme): the seed's advice against filesystem pressure at scale, ranks
+write in waves of K (ranks 0..K-1, then K..2K-1, ...) with a barrier between waves. Rank 0's scheme
+has a single writer, so there is nothing to stagger.
+
+Each file also records ``check_loss``, the workload's loss on a fixed evaluation batch at save time
+(when the workload offers ``evaluation_loss``): `resilience verify --step-check` recomputes it
+after loading and compares bitwise. Restore reads it into ``recorded_check_loss`` and ignores it.
 """
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ from .base import CheckpointStrategy
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 FORMAT_VERSION = 1
 STAMP_KEY = "versions"  # in every file: what wrote it (the restore ignores it unless check_version)
+CHECK_LOSS_KEY = "check_loss"  # in every file: the evaluation loss at save time, for verify --step-check
 CLAIMS = {"older": {"format": 0, "torch": "1.0.0"}, "newer": {"format": 99, "torch": "99.0.0"}}
 
 
@@ -33,9 +42,16 @@ def version_stamp() -> dict:
     return {"format": FORMAT_VERSION, "torch": str(torch.__version__)}  # TorchVersion is not weights-only
 
 
+def check_loss(workload: Workload) -> dict:
+    """``{check_loss: float}`` for the file, when the workload can compute an evaluation loss."""
+    evaluate = getattr(workload, "evaluation_loss", None)
+    return {CHECK_LOSS_KEY: float(evaluate())} if evaluate is not None else {}
+
+
 def load_checked(path: Path, check_version: bool) -> dict:
-    """The state saved in ``path`` without its stamp; with ``check_version``, refuse a file whose
-    format this code does not know (a checkpoint from another release of the training code)."""
+    """The state saved in ``path`` without its stamp (its check loss, if any, stays: the caller pops
+    it); with ``check_version``, refuse a file whose format this code does not know (a checkpoint
+    from another release of the training code)."""
     state = torch.load(path, weights_only=True)
     versions = state.pop(STAMP_KEY, None)
     if check_version and (not isinstance(versions, dict) or versions.get("format") != FORMAT_VERSION):
@@ -60,7 +76,23 @@ def newest_step_dir(root: Path) -> Path | None:
     return max(steps, key=lambda p: p.name, default=None)
 
 
-class RankZeroSave(CheckpointStrategy):
+class TorchSave(CheckpointStrategy):
+    """What both torch schemes share: the stamped file content and the check loss read back."""
+
+    records_version = True
+    #: the evaluation loss the loaded file recorded at save time (None: nothing loaded, or not recorded)
+    recorded_check_loss: float | None = None
+
+    def file_content(self, workload: Workload) -> dict:
+        return {**workload.state_dict(), STAMP_KEY: version_stamp(), **check_loss(workload)}
+
+    def restore_from(self, path: Path, workload: Workload) -> None:
+        state = load_checked(path, bool(self.context.options.get("check_version")))
+        self.recorded_check_loss = state.pop(CHECK_LOSS_KEY, None)
+        workload.load_state_dict(state)
+
+
+class RankZeroSave(TorchSave):
     """Rank 0 saves the whole state with ``torch.save``, then every rank meets at a barrier.
 
     Assumes every rank holds the same state (true under pure data parallelism); restore loads rank
@@ -71,20 +103,18 @@ class RankZeroSave(CheckpointStrategy):
     options = ("save_on_sigterm", "check_version")
     option_values: ClassVar[dict[str, tuple[bool, ...]]] = {"save_on_sigterm": (True, False),
                                                             "check_version": (True, False)}
-    records_version = True
 
     def save(self, workload: Workload, step: int) -> None:
         if self.context.rank == 0:
             directory = step_dir(self.context.checkpoint_dir, step)
             directory.mkdir(parents=True, exist_ok=True)
-            torch.save({**workload.state_dict(), STAMP_KEY: version_stamp()}, directory / self.file_name)
+            torch.save(self.file_content(workload), directory / self.file_name)
         dist.barrier()
 
     def load(self, workload: Workload) -> None:
         directory = newest_step_dir(self.context.checkpoint_dir)
         if directory is not None:
-            workload.load_state_dict(load_checked(directory / self.file_name,
-                                                  bool(self.context.options.get("check_version"))))
+            self.restore_from(directory / self.file_name, workload)
         dist.barrier()
 
     def rewrite_version_stamp(self, step: int, claim: str) -> list[str]:
@@ -95,26 +125,36 @@ class RankZeroSave(CheckpointStrategy):
         return [path.relative_to(self.context.checkpoint_dir).as_posix()]
 
 
-class PerRankSave(CheckpointStrategy):
-    """Every rank saves ``ckpt_rank_<r>.pt`` and loads its own file back by rank, then a barrier."""
+class PerRankSave(TorchSave):
+    """Every rank saves ``ckpt_rank_<r>.pt`` and loads its own file back by rank, then a barrier.
 
-    options = ("save_on_sigterm", "check_version")
-    option_values: ClassVar[dict[str, tuple[bool, ...]]] = {"save_on_sigterm": (True, False),
-                                                            "check_version": (True, False)}
-    records_version = True
+    With ``stagger: K`` the ranks write in waves of K, a barrier after each wave."""
+
+    options = ("save_on_sigterm", "check_version", "stagger")
+    option_values: ClassVar[dict[str, tuple[bool, ...] | type]] = {"save_on_sigterm": (True, False),
+                                                                   "check_version": (True, False),
+                                                                   "stagger": int}
 
     def save(self, workload: Workload, step: int) -> None:
         directory = step_dir(self.context.checkpoint_dir, step)
         directory.mkdir(parents=True, exist_ok=True)
-        torch.save({**workload.state_dict(), STAMP_KEY: version_stamp()},
-                   directory / f"ckpt_rank_{self.context.rank}.pt")
+        path = directory / f"ckpt_rank_{self.context.rank}.pt"
+        wave_size = self.context.options.get("stagger")
+        if not wave_size or wave_size >= self.context.world_size:  # one wave: every rank at once
+            torch.save(self.file_content(workload), path)
+        else:
+            waves = -(-self.context.world_size // wave_size)
+            for wave in range(waves):
+                if self.context.rank // wave_size == wave:
+                    torch.save(self.file_content(workload), path)
+                if wave < waves - 1:  # the next wave starts once this one has written
+                    dist.barrier()
         dist.barrier()
 
     def load(self, workload: Workload) -> None:
         directory = newest_step_dir(self.context.checkpoint_dir)
         if directory is not None:
-            path = directory / f"ckpt_rank_{self.context.rank}.pt"
-            workload.load_state_dict(load_checked(path, bool(self.context.options.get("check_version"))))
+            self.restore_from(directory / f"ckpt_rank_{self.context.rank}.pt", workload)
         dist.barrier()
 
     def rewrite_version_stamp(self, step: int, claim: str) -> list[str]:

@@ -1,0 +1,157 @@
+"""`resilience qualify`: real cases in real ranks -> HTML, JSON and JUnit, opened in headless Chromium."""
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+
+from resilience import cli, launchers
+from resilience.environment import mount_of, parse_mountinfo
+from resilience.errors import ResilienceError
+from resilience.loader import load_document
+from resilience.qualify import matches
+
+from .headless_chromium import Browser, find_chromium
+
+ROOT = Path(__file__).resolve().parent.parent
+BROKEN = {
+    "name": "a strategy that forgets the optimizer",
+    "description": "restores everything but the Adam moments: the checker must call it SILENT",
+    "strategy": "tests.strategies_under_test:ForgetsOptimizer",
+    "workload": {"model": "mlp", "world_size": 2, "steps": 8, "checkpoint_every": 4, "seed": 0},
+    "fault": {"kind": "kill", "rank": 1, "step": 6, "phase": "train"},
+    "expect": "recovers",
+}
+
+
+@pytest.fixture(scope="module")
+def qualified(tmp_path_factory):
+    """One qualification run: a passing shipped case, a failing broken strategy, small throughput figures."""
+    root = tmp_path_factory.mktemp("qualify")
+    scenario = root / "broken.scenario.yaml"
+    scenario.write_text(yaml.safe_dump(BROKEN))
+    out = root / "report"
+    status = cli.main(["qualify", str(ROOT / "scenarios" / "no_fault.scenario.yaml"), str(scenario),
+                       "-k", "per_rank or forgets", "--out", str(out), "--workdir", str(root / "work"),
+                       "--no-cache", "--probe-size", "8MiB", "--throughput-size", "1MiB",
+                       "--throughput-world-size", "2"])
+    return status, out, json.loads((out / "report.json").read_text())
+
+
+def test_exit_status_is_nonzero_when_a_case_fails(qualified):
+    status, _, report = qualified
+    assert status == 1
+    by_status = {c["case_id"]: c["status"] for c in report["cases"]}
+    assert sorted(by_status.values()) == ["failed", "passed"], by_status
+    assert report["summary"] == {"total": 2, "passed": 1, "failed": 1}
+
+
+def test_json_carries_losses_steps_lost_and_restore_time(qualified):
+    _, _, report = qualified
+    passed = next(c for c in report["cases"] if c["status"] == "passed")
+    failed = next(c for c in report["cases"] if c["status"] == "failed")
+    assert passed["verdict"] == "RECOVERED" and passed["steps_lost"] == 0 and passed["restored_step"] == 12
+    assert len(passed["reference_losses"]) == 12 and passed["restore_s"] > 0
+    assert failed["verdict"] == "SILENT"
+    # killed at the start of step 6, restored step 4: step 5 was trained and is lost
+    assert failed["restored_step"] == 4 and failed["steps_lost"] == 1
+    restored = dict(map(tuple, failed["restored_losses"]))
+    reference = dict(map(tuple, failed["reference_losses"]))
+    assert restored[6] != reference[6]  # the cold optimizer shows from step 6 on
+    assert any(log["stderr_tail"] or log["stdout_tail"] for log in failed["logs"]) or failed["logs"]
+    assert "python -m resilience run" in failed["replay"]
+
+
+def test_json_records_environment_and_filesystem_figures(qualified):
+    _, _, report = qualified
+    env = report["environment"]
+    assert env["libraries"]["torch"] and env["python"] and env["kernel"].startswith("Linux")
+    assert env["mount"]["fs_type"] and env["mount"]["options"]
+    assert report["bandwidth"]["bytes_per_s"] > 0
+    labels = [t["strategy"] for t in report["throughput"]]
+    assert labels == ["torch.per_rank", "torch.per_rank {stagger: 1}"]
+    # a strategy that does not restore its own no-fault checkpoint gets no figure, and the report says why
+    assert any("ForgetsOptimizer not measured" in note and "SILENT" in note for note in report["notes"])
+    for figure in report["throughput"]:
+        assert figure["bytes_per_checkpoint"] > 1 << 20
+        assert figure["save_fraction"] > 0 and figure["restore_fraction"] > 0
+
+
+def test_junit_lists_every_case_with_its_failure(qualified):
+    _, out, _ = qualified
+    suite = ET.parse(out / "junit.xml").getroot()
+    assert suite.get("tests") == "2" and suite.get("failures") == "1"
+    failures = [case for case in suite.iter("testcase") if case.find("failure") is not None]
+    assert len(failures) == 1 and "SILENT" in failures[0].find("failure").text
+
+
+def test_html_renders_in_headless_chromium(qualified):
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    _, out, _ = qualified
+    with Browser(chromium) as browser:
+        browser.open((out / "report.html").as_uri())
+        assert browser.errors() == []
+        assert browser.evaluate("document.getElementById('overall').textContent") == "FAILED"
+        header = browser.evaluate("Array.from(document.querySelectorAll('#verdict-matrix th')).map(e => e.textContent)")
+        assert {"none", "kill", "torch.per_rank", "tests.strategies_under_test:ForgetsOptimizer"} <= set(header)
+        cells = browser.evaluate("Array.from(document.querySelectorAll('#verdict-matrix td a')).map(a => a.textContent)")
+        assert sorted(cells) == ["RECOVERED", "SILENT ✗"]
+        # every loss curve and the throughput bars are laid out with a real size: reference and
+        # first run of the no-fault case (restored at its last step), all three of the broken one
+        widths = browser.evaluate("Array.from(document.querySelectorAll('svg.plot polyline.series, #throughput-plot rect'))"
+                                  ".map(e => e.getBBox().width)")
+        assert len(widths) == 2 + 3 + 2 * 2 and all(w > 0 for w in widths), widths
+        assert browser.evaluate("document.querySelectorAll('section.case').length") == 2
+        assert browser.evaluate("document.querySelectorAll('details.rank-log').length") >= 1
+        assert browser.evaluate("document.querySelectorAll('code.replay').length") == 2
+
+
+def test_browser_check_sees_a_page_error(tmp_path):
+    """The renderer check can fail: a page with a script error and a missing resource is caught."""
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    page = tmp_path / "broken.html"
+    page.write_text("<html><body><img src='missing.png'><script>undefined_function()</script></body></html>")
+    with Browser(chromium) as browser:
+        browser.open(page.as_uri())
+        errors = browser.errors()
+    assert any("undefined_function" in e or "Uncaught" in e for e in errors), errors
+    assert any("missing.png" in e for e in errors), errors
+
+
+def test_keyword_selection_uses_pytest_expressions():
+    case = load_document({**BROKEN, "strategy": "torch.rank0"}, "scenarios/x.scenario.yaml").cases[0]
+    assert matches(case, "rank0 and kill")
+    assert not matches(case, "rank0 and not kill")
+    assert matches(case, None)
+    with pytest.raises(ResilienceError, match=r"-k 'rank0 and': .*allowed: words joined by and"):
+        matches(case, "rank0 and")
+
+
+def test_malformed_keyword_expression_is_refused(tmp_path, capsys):
+    status = cli.main(["qualify", str(ROOT / "scenarios"), "-k", "rank0 and", "--out", str(tmp_path)])
+    assert status == 2 and "-k 'rank0 and'" in capsys.readouterr().err
+
+
+def test_torchrun_launcher_refuses_clearly_when_absent(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(launchers, "TORCHRUN_ENTRY", "resilience.no_such_launcher:run_case")
+    status = cli.main(["qualify", str(ROOT / "scenarios" / "no_fault.scenario.yaml"), "--out", str(tmp_path),
+                       "--launcher", "torchrun"])
+    assert status == 2
+    assert "not available in this installation" in capsys.readouterr().err
+
+
+def test_mount_of_picks_the_innermost_mount():
+    text = ("22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
+            "40 22 0:40 / /mnt/ckpt rw,nosuid - tmpfs tmpfs rw,size=1024k\n"
+            "41 22 0:41 / /mnt/ck\\040pt rw - nfs server:/x rw,vers=4.2\n")
+    assert [m.fs_type for m in parse_mountinfo(text)] == ["ext4", "tmpfs", "nfs"]
+    assert mount_of(Path("/mnt/ckpt/run1"), text).fs_type == "tmpfs"
+    assert mount_of(Path("/mnt/ck pt"), text).fs_type == "nfs"
+    assert mount_of(Path("/mnt/ckptx"), text).fs_type == "ext4"
