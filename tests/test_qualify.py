@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from resilience import cli, launchers
+from resilience import cli
 from resilience.environment import mount_of, parse_mountinfo
 from resilience.errors import ResilienceError
 from resilience.loader import load_document
@@ -139,12 +139,18 @@ def test_malformed_keyword_expression_is_refused(tmp_path, capsys):
     assert status == 2 and "-k 'rank0 and'" in capsys.readouterr().err
 
 
-def test_torchrun_launcher_refuses_clearly_when_absent(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(launchers, "TORCHRUN_ENTRY", "resilience.no_such_launcher:run_case")
-    status = cli.main(["qualify", str(ROOT / "scenarios" / "no_fault.scenario.yaml"), "--out", str(tmp_path),
-                       "--launcher", "torchrun"])
-    assert status == 2
-    assert "not available in this installation" in capsys.readouterr().err
+@pytest.mark.slow
+def test_torchrun_launcher_runs_through_the_elastic_restart_and_skips_what_it_cannot_express(tmp_path):
+    """A kill recovers through torchrun's own restart; a restart at another world size cannot be one
+    torchrun job, so it is reported as skipped with the reason, never run some other way."""
+    cli.main(["qualify", str(ROOT / "scenarios" / "kill_between_files.scenario.yaml"),
+              str(ROOT / "scenarios" / "world_size_change.scenario.yaml"), "-k", "rank0",
+              "--out", str(tmp_path), "--launcher", "torchrun", "--no-throughput", "--workdir", str(tmp_path)])
+    cases = {c["source"].rsplit("/", 1)[-1]: c for c in json.loads((tmp_path / "report.json").read_text())["cases"]}
+    assert cases["kill_between_files.scenario.yaml"]["status"] == "passed"
+    assert cases["kill_between_files.scenario.yaml"]["verdict"] == "RECOVERED"
+    skipped = cases["world_size_change.scenario.yaml"]
+    assert skipped["status"] == "skipped" and "not run under torchrun" in skipped["reason"]
 
 
 def test_mount_of_picks_the_innermost_mount():
