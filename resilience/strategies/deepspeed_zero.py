@@ -111,17 +111,15 @@ class ZeroTrainedWorkload(Workload):
             state["optimizer"]["step"] = adam_step
         return state
 
-    def evaluation_loss(self) -> float:
-        """The inner workload's evaluation loss under the full parameters; recorded at save time as
-        client state. ZeRO-1/2 keep every parameter whole on every rank (they partition optimizer
-        state and gradients): no collective, so the save's own collectives stay the first a stalled
-        peer holds up. ZeRO-3 gathers its partitions (collective: every rank calls it)."""
-        parameters = self.engine.module.named_parameters()
-        if self.stage != 3:
-            return self.inner.evaluation_loss({name: p.detach() for name, p in parameters})
-        from deepspeed.utils import safe_get_full_fp32_param
-
-        return self.inner.evaluation_loss({name: safe_get_full_fp32_param(p).detach() for name, p in parameters})
+    def evaluation_loss(self) -> float | None:
+        """The inner workload's evaluation loss under the full parameters, recorded at save time as
+        client state (for `resilience verify --step-check`). ZeRO-1/2 keep every parameter whole on
+        every rank: no collective. ZeRO-3 would have to gather its partitions, collectives that
+        DeepSpeed's own save does not make and that would move where a stalled or partitioned peer
+        is first noticed: it records nothing."""
+        if self.stage == 3:
+            return None
+        return self.inner.evaluation_loss({name: p.detach() for name, p in self.engine.module.named_parameters()})
 
     def rank_local_state(self) -> dict[str, Any]:
         return self.inner.progress_state()  # state_dict() is collective; a rank new to the job calls this alone
