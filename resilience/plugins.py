@@ -13,6 +13,7 @@ STRATEGIES = {
     "deepspeed.zero1": "resilience.strategies.deepspeed_zero:Zero1",
     "deepspeed.zero2": "resilience.strategies.deepspeed_zero:Zero2",
     "deepspeed.zero3": "resilience.strategies.deepspeed_zero:Zero3",
+    "manifest": "resilience.strategies.manifest:ManifestCheckpoint",
 }
 FAULTS = {
     "none": "resilience.faults.noop:NoFault",
@@ -23,6 +24,15 @@ FAULTS = {
     "throttle": "resilience.faults.network:Throttle",
     "preempt": "resilience.faults.preempt:Preempt",
     "version_mismatch": "resilience.faults.version:VersionMismatch",
+    "bit_flip": "resilience.faults.corruption:BitFlip",
+    "truncate": "resilience.faults.corruption:Truncate",
+    "zero_block": "resilience.faults.corruption:ZeroBlock",
+    "missing_file": "resilience.faults.corruption:MissingFile",
+    "duplicate_file": "resilience.faults.corruption:DuplicateFile",
+    "stale_pointer": "resilience.faults.corruption:StalePointer",
+    "read_error": "resilience.faults.storage:ReadError",
+    "slow_read": "resilience.faults.storage:SlowRead",
+    "read_only": "resilience.faults.storage:ReadOnly",
 }
 WORKLOADS = {
     "mlp": "resilience.workload:MLPWorkload",

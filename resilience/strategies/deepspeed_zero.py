@@ -265,6 +265,19 @@ class ZeroCheckpoint(CheckpointStrategy):
             return
         self.workload.inner.load_progress_state(client_state["progress"])
 
+    def step_location(self, step: int):
+        return self.context.checkpoint_dir / f"global_step{step}"
+
+    def load_step(self, workload: Workload, step: int) -> None:
+        """``load_checkpoint(dir, tag=...)``: the tag named, whatever ``latest`` says (native route)."""
+        if self.restore == "universal":
+            raise NotImplementedError("restore: universal converts what latest names; a chosen step needs restore: native")
+        path, client_state = self.workload.engine.load_checkpoint(str(self.context.checkpoint_dir),
+                                                                  tag=self.step_location(step).name)
+        if path is None:
+            raise RuntimeError(f"DeepSpeed found no checkpoint under tag {self.step_location(step).name}")
+        self.workload.inner.load_progress_state(client_state["progress"])
+
     def _convert_to_universal(self):
         """Rank 0 converts the checkpoint ``latest`` names; the others wait for it."""
         source = self.context.checkpoint_dir

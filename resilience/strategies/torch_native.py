@@ -54,6 +54,10 @@ def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:08d}"
 
 
+def step_of(directory: Path) -> int:
+    return int(STEP_DIR.match(directory.name).group(1))
+
+
 def newest_step_dir(root: Path) -> Path | None:
     """The step directory with the highest step number, complete or not."""
     steps = [p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name)] if root.is_dir() else []
@@ -83,8 +87,16 @@ class RankZeroSave(CheckpointStrategy):
     def load(self, workload: Workload) -> None:
         directory = newest_step_dir(self.context.checkpoint_dir)
         if directory is not None:
-            workload.load_state_dict(load_checked(directory / self.file_name,
-                                                  bool(self.context.options.get("check_version"))))
+            self.load_step(workload, step_of(directory))
+        else:
+            dist.barrier()
+
+    def step_location(self, step: int) -> Path:
+        return step_dir(self.context.checkpoint_dir, step)
+
+    def load_step(self, workload: Workload, step: int) -> None:
+        workload.load_state_dict(load_checked(self.step_location(step) / self.file_name,
+                                              bool(self.context.options.get("check_version"))))
         dist.barrier()
 
     def rewrite_version_stamp(self, step: int, claim: str) -> list[str]:
@@ -113,8 +125,16 @@ class PerRankSave(CheckpointStrategy):
     def load(self, workload: Workload) -> None:
         directory = newest_step_dir(self.context.checkpoint_dir)
         if directory is not None:
-            path = directory / f"ckpt_rank_{self.context.rank}.pt"
-            workload.load_state_dict(load_checked(path, bool(self.context.options.get("check_version"))))
+            self.load_step(workload, step_of(directory))
+        else:
+            dist.barrier()
+
+    def step_location(self, step: int) -> Path:
+        return step_dir(self.context.checkpoint_dir, step)
+
+    def load_step(self, workload: Workload, step: int) -> None:
+        path = self.step_location(step) / f"ckpt_rank_{self.context.rank}.pt"
+        workload.load_state_dict(load_checked(path, bool(self.context.options.get("check_version"))))
         dist.barrier()
 
     def rewrite_version_stamp(self, step: int, claim: str) -> list[str]:
