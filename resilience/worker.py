@@ -70,14 +70,14 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     if fault and fault.needs_interception():
         # Only then: torch.save given a path writes from C++, and the real thing should stay real.
         Interceptor(checkpoint_dir, [fault]).install()
-    if fault and fault.needs_read_interception():
-        from .read_interception import ReadInterceptor
-
-        ReadInterceptor(checkpoint_dir, [fault]).install()
     if fault:
         fault.arm(RankEnvironment(rank=rank, world_size=plan.world_size, checkpoint_dir=checkpoint_dir,
                                   clock=clock, emit=events.emit, case_dir=Path(plan.case_file).parent,
                                   incarnation="restart" if at_restart else "first_run"))
+    if fault and fault.needs_read_interception():  # asked once armed: it may depend on the incarnation
+        from .read_interception import ReadInterceptor
+
+        ReadInterceptor(checkpoint_dir, [fault]).install()
 
     if fault and fault.reaches_helpers():
         from .helper_hook import expose

@@ -5,12 +5,12 @@ The first run saves normally until the ``step`` save returned on every rank; the
 rank dies, so the restart restores that checkpoint (as ``version_mismatch`` does). The restart's
 ranks arm the fault:
 
-- ``read_error``: every open for reading of a file matching ``file`` fails with EIO (``fails_at:
-  open``), or the open succeeds and the first read fails (``fails_at: read``), on every restarted
-  rank, as a disk with a bad sector or a storage server that lost a target answers. Through the
+- ``read_error``: during the restore, every open for reading of a file matching ``file`` fails
+  with EIO (``fails_at: open``), or the open succeeds and every read fails (``fails_at: read``), on
+  every restarted rank, as a disk with a bad sector or a storage server that lost a target answers. Through the
   read interception layer (`resilience.read_interception`), so ``torch.load``, DeepSpeed's loads
   and its ``latest`` read all see it.
-- ``slow_read``: reads of matching files on restarted rank ``rank`` are throttled to
+- ``slow_read``: during the restore, reads of matching files on restarted rank ``rank`` are throttled to
   ``bytes_per_s`` (each read sleeps its size / rate before it runs), as a cold object store or an
   overloaded parallel filesystem serves them; the other ranks wait in their next collective.
 - ``read_only``: the checkpoint directory is remounted read-only (a bind mount of itself with
@@ -50,6 +50,10 @@ class _StopThenRestore(DamageAfterSave):
     def restarted(self) -> bool:
         return self.env is not None and self.env.incarnation == "restart"
 
+    def restoring(self) -> bool:
+        """In the restart's restore (``strategy.load``): files written later are new, and fine."""
+        return self.restarted() and self.env.clock.phase == "load"
+
 
 class ReadError(_StopThenRestore):
     kind = "read_error"
@@ -63,7 +67,7 @@ class ReadError(_StopThenRestore):
         self._reported: set[str] = set()
 
     def wants_read(self, relative: str) -> bool:
-        return self.restarted() and self.path_matches(relative)
+        return self.restoring() and self.path_matches(relative)
 
     def on_open_read(self, path: Path, relative: str) -> None:
         if self.spec.params["fails_at"] == "open":
@@ -91,7 +95,7 @@ class SlowRead(_StopThenRestore):
         self._slowed: dict[str, float] = {}
 
     def wants_read(self, relative: str) -> bool:
-        return self.restarted() and self.on_trigger_rank() and self.path_matches(relative)
+        return self.restoring() and self.on_trigger_rank() and self.path_matches(relative)
 
     def on_read(self, file: Any, nbytes: int) -> None:
         if nbytes < 0:  # to the end of the file
@@ -137,4 +141,4 @@ class ReadOnly(_StopThenRestore):
         super().at(phase, step)
         if self.restarted() and phase == "save" and self.on_trigger_rank() and not getattr(self, "_told", False):
             self._told = True  # the kernel, not this code, refuses the write: record where it meets it
-            self.fired(point="save", step=step, read_only=str(self.env.checkpoint_dir))
+            self.fired(point="save", read_only=str(self.env.checkpoint_dir))
