@@ -16,7 +16,8 @@ every rank verifies its share of the files (size, then SHA-256; a file that cann
 too) and the ranks agree (all-gather) before the first checkpoint that verifies on every rank is
 restored with the inner strategy's ``load_step``. Checkpoints that failed are reported on stderr.
 If manifests exist but none verifies, the restore raises, naming each failure: starting from
-scratch would silently lose every saved step. The inner strategy must implement
+scratch would silently lose every saved step. Option ``keep_last: N``: after the new manifest is
+durable, rank 0 removes all but the N newest complete checkpoints. The inner strategy must implement
 ``step_location`` and ``load_step`` (see `CheckpointStrategy`).
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
@@ -78,7 +80,7 @@ def _inner_class(name: Any) -> type:
 
 
 class ManifestCheckpoint(CheckpointStrategy):
-    options = ("inner", "inner_options")
+    options = ("inner", "inner_options", "keep_last")
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> tuple[str, str, Any, Any] | None:
@@ -106,6 +108,14 @@ class ManifestCheckpoint(CheckpointStrategy):
             choices = inner_cls.option_values.get(key)
             if choices is not None and value not in choices:
                 return (f"strategy.options.inner_options.{key}", "not one of the allowed values", value, choices)
+        inner_check = getattr(inner_cls, "check_options", None)
+        problem = inner_check(inner_options) if inner_check else None
+        if problem:
+            key, *rest = problem
+            return (key.replace("strategy.options.", "strategy.options.inner_options.", 1), *rest)
+        keep = options.get("keep_last")
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+            return ("strategy.options.keep_last", "must be a number of checkpoints", keep, "an integer >= 1")
         return None
 
     @classmethod
@@ -143,7 +153,23 @@ class ManifestCheckpoint(CheckpointStrategy):
                         "location": location.relative_to(self.context.checkpoint_dir).as_posix(),
                         "files": dict(sorted(files.items()))}
             write_atomically(self.manifests / f"step_{step:08d}.json", json.dumps(document, indent=1))
+            self._prune(self.context.options.get("keep_last"))
         dist.barrier()
+
+    def _prune(self, keep: int | None) -> None:
+        """Retention done after the new manifest is durable: forget (manifest first, so a crash
+        in between leaves files without a claim, never a claim without files) then delete all but
+        the ``keep`` newest complete checkpoints."""
+        if keep is None:
+            return
+        steps = self._listed()
+        kept = {self._read_manifest(step).get("location") for step in steps[:keep]}
+        for step in steps[keep:]:
+            document = self._read_manifest(step)
+            (self.manifests / f"step_{step:08d}.json").unlink()
+            fsync_directory(self.manifests)
+            if isinstance(document, dict) and document["location"] not in kept:
+                shutil.rmtree(self.context.checkpoint_dir / document["location"], ignore_errors=True)
 
     def _share(self, names: list[str]) -> list[str]:
         return names[self.context.rank::self.context.world_size]

@@ -8,12 +8,17 @@ restore, and a step directory that is complete for some ranks only is used anywa
 Every file carries a version stamp (``versions``: format and torch version) that restore ignores,
 as the seed's code would; option ``check_version: true`` refuses a file of another format.
 
+Option ``keep_last: N``: retention as it is often written, rank 0 removing every step directory
+but the N newest right after its own file is written, without waiting for the other ranks, so a
+save that is torn on another rank may already have cost the previous checkpoint.
+
 Option ``save_on_sigterm: true``: an emergency save of the current step when SIGTERM arrives
 (`resilience.preemption`), as training scripts on preemptible clusters add; off by default, as in the seed.
 """
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 from typing import ClassVar
 
@@ -54,6 +59,22 @@ def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:08d}"
 
 
+def keep_last_problem(options) -> tuple[str, str, object, object] | None:
+    keep = options.get("keep_last")
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        return ("strategy.options.keep_last", "must be a number of checkpoints", keep, "an integer >= 1")
+    return None
+
+
+def prune_step_dirs(root: Path, keep: int | None) -> None:
+    """Remove every step directory but the ``keep`` newest (by step number), complete or not."""
+    if keep is None:
+        return
+    steps = sorted((p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name)), key=lambda p: p.name)
+    for directory in steps[:-keep]:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def step_of(directory: Path) -> int:
     return int(STEP_DIR.match(directory.name).group(1))
 
@@ -72,16 +93,18 @@ class RankZeroSave(CheckpointStrategy):
     """
 
     file_name = "model_optim.pt"
-    options = ("save_on_sigterm", "check_version")
+    options = ("save_on_sigterm", "check_version", "keep_last")
     option_values: ClassVar[dict[str, tuple[bool, ...]]] = {"save_on_sigterm": (True, False),
                                                             "check_version": (True, False)}
     records_version = True
+    check_options = staticmethod(keep_last_problem)
 
     def save(self, workload: Workload, step: int) -> None:
         if self.context.rank == 0:
             directory = step_dir(self.context.checkpoint_dir, step)
             directory.mkdir(parents=True, exist_ok=True)
             torch.save({**workload.state_dict(), STAMP_KEY: version_stamp()}, directory / self.file_name)
+            prune_step_dirs(self.context.checkpoint_dir, self.context.options.get("keep_last"))
         dist.barrier()
 
     def load(self, workload: Workload) -> None:
@@ -110,16 +133,19 @@ class RankZeroSave(CheckpointStrategy):
 class PerRankSave(CheckpointStrategy):
     """Every rank saves ``ckpt_rank_<r>.pt`` and loads its own file back by rank, then a barrier."""
 
-    options = ("save_on_sigterm", "check_version")
+    options = ("save_on_sigterm", "check_version", "keep_last")
     option_values: ClassVar[dict[str, tuple[bool, ...]]] = {"save_on_sigterm": (True, False),
                                                             "check_version": (True, False)}
     records_version = True
+    check_options = staticmethod(keep_last_problem)
 
     def save(self, workload: Workload, step: int) -> None:
         directory = step_dir(self.context.checkpoint_dir, step)
         directory.mkdir(parents=True, exist_ok=True)
         torch.save({**workload.state_dict(), STAMP_KEY: version_stamp()},
                    directory / f"ckpt_rank_{self.context.rank}.pt")
+        if self.context.rank == 0:  # without waiting for the others: see keep_last above
+            prune_step_dirs(self.context.checkpoint_dir, self.context.options.get("keep_last"))
         dist.barrier()
 
     def load(self, workload: Workload) -> None:
