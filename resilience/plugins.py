@@ -33,6 +33,7 @@ FAULTS = {
     "read_error": "resilience.faults.storage:ReadError",
     "slow_read": "resilience.faults.storage:SlowRead",
     "read_only": "resilience.faults.storage:ReadOnly",
+    "straggler": "resilience.faults.straggler:Straggler",
 }
 WORKLOADS = {
     "mlp": "resilience.workload:MLPWorkload",

@@ -243,3 +243,21 @@ def test_a_read_only_remount_is_real_and_removed_afterwards(tmp_path):
     assert result.verdict.restored_step == 8  # reading worked; the next save did not
     assert str(tmp_path) not in Path("/proc/mounts").read_text()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_straggler_writes_during_the_restart_and_is_killed_by_pid_afterwards(tmp_path):
+    result = run_case(tmp_path, keep=True, workload={"steps": 12},
+                      fault={"kind": "straggler", "rank": 1, "step": 8, "file": "step_00000008/*_rank_1.pt",
+                             "source": "step_00000004/*_rank_1.pt", "seconds": 60})
+    try:
+        assert result.verdict.kind is VerdictKind.SILENT, result.verdict.findings
+        assert any("ranks restored different steps: {0: 8, 1: 4}" in f for f in result.verdict.findings)
+        (fired,) = result.phases[1].fault_events
+        pid = fired["straggler_pid"]
+        assert not Path(f"/proc/{pid}").exists() or " Z " in Path(f"/proc/{pid}/stat").read_text()
+        assert (result.work_dir / "straggler.pids").read_text().split() == [str(pid)]
+    finally:
+        import shutil
+
+        shutil.rmtree(result.work_dir)
+    assert list(tmp_path.iterdir()) == []
