@@ -34,6 +34,7 @@ FAULTS = {
     "slow_read": "resilience.faults.storage:SlowRead",
     "read_only": "resilience.faults.storage:ReadOnly",
     "straggler": "resilience.faults.straggler:Straggler",
+    "tag_mismatch": "resilience.faults.disagreement:TagMismatch",
 }
 WORKLOADS = {
     "mlp": "resilience.workload:MLPWorkload",

@@ -95,6 +95,8 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
                               options=dict(case.strategy.options))
     # every phase, the oracle's too: a strategy whose engine trains the model trains it everywhere
     strategy = plugins.resolve("strategy", case.strategy.name)(context)
+    if fault:
+        fault.attach(strategy)
     workload = strategy.prepare(plugins.resolve("workload", case.workload.model)(case.workload, rank, plan.world_size))
     snapshots = Path(plan.snapshot_dir) if plan.snapshot_dir else None
 

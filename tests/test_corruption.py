@@ -262,3 +262,40 @@ def test_a_straggler_writes_during_the_restart_and_is_killed_by_pid_afterwards(t
 
         shutil.rmtree(result.work_dir)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_tag_mismatch_needs_a_strategy_that_names_its_tag():
+    with pytest.raises(ScenarioError) as info:
+        case_from(strategy="torch.per_rank", fault={"kind": "tag_mismatch", "rank": 1, "step": 4})
+    assert "tag_for" in str(info.value) and "fault.kind" in str(info.value)
+    with pytest.raises(ScenarioError) as info:
+        case_from(strategy="deepspeed.zero2", fault={"kind": "tag_mismatch", "rank": 1, "step": 4, "skew": 0})
+    assert "fault.skew" in str(info.value)
+
+
+def test_keep_last_retention_is_validated():
+    with pytest.raises(ScenarioError) as info:
+        case_from(strategy={"name": "torch.per_rank", "options": {"keep_last": 0}})
+    assert "strategy.options.keep_last" in str(info.value) and "integer >= 1" in str(info.value)
+    with pytest.raises(ScenarioError) as info:
+        case_from(strategy={"name": "manifest", "options": {"inner": "torch.rank0", "inner_options": {"keep_last": "2"}}})
+    assert "strategy.options.inner_options.keep_last" in str(info.value)
+
+
+def test_inner_retention_before_the_barrier_costs_the_fallback_and_the_manifest_keeps_it(tmp_path):
+    fault = {"kind": "kill", "rank": 1, "step": 8, "phase": "save", "point": "write", "file": "*_rank_1.pt",
+             "after_bytes": 4096}
+    inner = run_case(tmp_path, keep=True, workload={"steps": 12}, fault=fault, expect="fails_loudly",
+                     strategy={"name": "manifest", "options": {"inner": "torch.per_rank",
+                                                                "inner_options": {"keep_last": 1}}})
+    try:
+        assert inner.verdict.kind is VerdictKind.LOUD
+        assert "no checkpoint verifies" in inner.verdict.first_error.message
+        assert "step_00000004/ckpt_rank_0.pt: FileNotFoundError" in inner.verdict.first_error.message
+    finally:
+        import shutil
+
+        shutil.rmtree(inner.work_dir)
+    outer = run_case(tmp_path, workload={"steps": 12}, fault=fault,
+                     strategy={"name": "manifest", "options": {"inner": "torch.per_rank", "keep_last": 1}})
+    assert outer.verdict.kind is VerdictKind.RECOVERED and outer.verdict.restored_step == 4

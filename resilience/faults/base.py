@@ -89,7 +89,8 @@ class Fault:
     (the operator's repair, e.g. freeing disk space), before the restart; ``teardown(env)`` always,
     last, even when an earlier call raised.
     Rank processes of the first run (every rank; the fault checks its trigger's rank itself):
-    ``arm(env)`` once, before the strategy exists; ``at(phase, step)`` when the rank enters a train
+    ``arm(env)`` once, before the strategy exists; ``attach(strategy)`` once, right after it
+    exists (before ``prepare``); ``at(phase, step)`` when the rank enters a train
     step or a save; ``after_save(strategy, step)`` when its save returned; the IO hooks (``on_open``, ``on_write``, ``on_fsync``, ``before_close``,
     ``after_close``) for files under the checkpoint directory. Restarted ranks get no fault,
     unless ``arms_at_restart``: then ``arm(env)`` runs there too (``env.incarnation == "restart"``),
@@ -160,6 +161,10 @@ class Fault:
     # -- rank side ------------------------------------------------------------------------------
     def arm(self, env: RankEnvironment) -> None:
         self.env = env
+
+    def attach(self, strategy: Any) -> None:
+        """The rank's strategy, once constructed (a fault that plays a bug of the training script
+        around it, e.g. a rank passing another tag, keeps it)."""
 
     def at(self, phase: str, step: int) -> None:
         pass

@@ -134,11 +134,20 @@ class ManifestCheckpoint(CheckpointStrategy):
     def prepare(self, workload: Workload) -> Workload:
         return self.inner.prepare(workload)
 
+    def tag_for(self, step: int) -> str:
+        """The inner strategy's tag, for inners that name one (AttributeError otherwise)."""
+        return self.inner.tag_for(step)
+
     # -- save -------------------------------------------------------------------------------------
     def save(self, workload: Workload, step: int) -> None:
         self.inner.save(workload, step)
         dist.barrier()  # every rank's files exist
         location = self.inner.step_location(step)
+        locations: list[str | None] = [None] * self.context.world_size
+        dist.all_gather_object(locations, str(location))
+        if len(set(locations)) > 1:  # a manifest over one rank's directory would vouch for a partial checkpoint
+            raise RuntimeError(f"manifest: ranks saved step {step} to different places: "
+                               + ", ".join(f"rank {r}: {where}" for r, where in enumerate(locations)))
         names = sorted(p.relative_to(location).as_posix() for p in location.rglob("*") if p.is_file())
         mine = {name: file_digest(location / name, durable=True) for name in self._share(names)}
         gathered: list[dict | None] = [None] * self.context.world_size
