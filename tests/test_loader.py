@@ -237,7 +237,7 @@ def test_unknown_strategy_lists_builtins_and_import_form():
     """The user learns both the built-in names and that `package.module:Class` exists."""
     err = scenario_error(variant({"strategy": "torch.magic"}))
     assert "unknown strategy 'torch.magic'" in str(err)
-    assert err.allowed == ("none, torch.rank0, torch.per_rank, deepspeed.zero1, deepspeed.zero2, deepspeed.zero3, "
+    assert err.allowed == ("none, torch.rank0, torch.per_rank, deepspeed.zero1, deepspeed.zero2, deepspeed.zero3, manifest, "
                            "package.module:Class")
 
 
