@@ -100,7 +100,7 @@ class Harness:
         self.work_root, self.keep, self.cache = work_root, keep, cache
 
     def run(self, case: Case) -> CaseResult:
-        missing = plugins.resolve("strategy", case.strategy.name).missing()
+        missing = plugins.resolve("strategy", case.strategy.name).missing_for(case.strategy.options)
         if missing:
             raise StrategyUnavailable(f"strategy {case.strategy.name} needs {missing}")
         if self.work_root is not None:

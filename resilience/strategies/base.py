@@ -56,6 +56,18 @@ class CheckpointStrategy(ABC):
                 return f"{module} is not installed ({install})"
         return None
 
+    @classmethod
+    def missing_for(cls, options: Mapping[str, Any]) -> str | None:
+        """``missing()`` for a strategy configured with ``options`` (a wrapper: its inner's).
+        Called in the harness."""
+        return cls.missing()
+
+    @classmethod
+    def trained_by(cls, options: Mapping[str, Any]) -> tuple[type, ...]:
+        """The classes whose source decides how the engine trains (see ``trainer``): the
+        reference cache is keyed on their source. A wrapper names its inner strategy's."""
+        return (cls,)
+
     def __init__(self, context: StrategyContext):
         self.context = context
 

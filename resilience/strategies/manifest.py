@@ -122,6 +122,14 @@ class ManifestCheckpoint(CheckpointStrategy):
     def trainer(cls, options: Mapping[str, Any]) -> str:
         return _inner_class(options["inner"]).trainer(options.get("inner_options", {}))
 
+    @classmethod
+    def trained_by(cls, options: Mapping[str, Any]) -> tuple[type, ...]:
+        return _inner_class(options["inner"]).trained_by(options.get("inner_options", {}))
+
+    @classmethod
+    def missing_for(cls, options: Mapping[str, Any]) -> str | None:
+        return _inner_class(options["inner"]).missing_for(options.get("inner_options", {}))
+
     def __init__(self, context: StrategyContext):
         super().__init__(context)
         options = context.options
