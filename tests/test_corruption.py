@@ -313,3 +313,11 @@ def test_a_wrapped_strategy_whose_library_is_missing_is_skipped_and_keyed_on_the
     with pytest.raises(StrategyUnavailable, match="deepspeed_is_not_here is not installed"):
         Harness(work_root=tmp_path).run(case_from(strategy={"name": "manifest", "options": options}))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_read_only_via_interception_refuses_python_writes_like_the_kernel(tmp_path):
+    result = run_case(tmp_path, workload={"steps": 12}, expect="fails_loudly",
+                      fault={"kind": "read_only", "via": "interception", "rank": 1, "step": 8})
+    assert result.verdict.kind is VerdictKind.LOUD and result.verdict.restored_step == 8
+    assert "[Errno 30] Read-only file system" in result.verdict.first_error.summary()
+    assert result.verdict.first_error.phase == "restart"

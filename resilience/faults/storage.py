@@ -16,7 +16,9 @@ ranks arm the fault:
 - ``read_only``: the checkpoint directory is remounted read-only (a bind mount of itself with
   ``ro``, needs root) before the restart, as a filesystem the kernel or an operator turned
   read-only after errors does: the kernel answers EROFS to every write, so the restore works and
-  the restart's first save fails. The mount is removed at teardown.
+  the restart's first save fails. The mount is removed at teardown. ``via: interception`` is the
+  stand-in without root: Python-level writes under the directory raise EROFS in the restarted
+  ranks (see ``refuse_writes_under``), C++ writers are not reached.
 """
 from __future__ import annotations
 
@@ -110,18 +112,26 @@ class SlowRead(_StopThenRestore):
 
 class ReadOnly(_StopThenRestore):
     kind = "read_only"
-    params = {"via": (("mount",), "mount")}
+    params = {"via": (("mount", "interception"), "mount")}
 
     def __init__(self, spec):
         super().__init__(spec)
         self.mounted = False
 
     def setup(self, env: CaseEnvironment) -> None:
-        if os.geteuid() != 0:
-            raise FaultUnavailable("read_only via mount remounts the checkpoint directory read-only, which needs root")
+        if self.spec.params["via"] == "mount" and os.geteuid() != 0:
+            raise FaultUnavailable("read_only via mount remounts the checkpoint directory read-only, which needs "
+                                   "root (via: interception refuses writes in Python instead)")
+
+    def arm(self, env) -> None:
+        super().arm(env)
+        if self.restarted() and self.spec.params["via"] == "interception":
+            refuse_writes_under(env.checkpoint_dir)
 
     def heal(self, env: CaseEnvironment) -> None:
         """Not a repair: the step between the runs where the filesystem turns read-only."""
+        if self.spec.params["via"] != "mount":
+            return
         target = str(env.checkpoint_dir)
         for command in (["mount", "--bind", target, target], ["mount", "-o", "remount,bind,ro", target]):
             result = subprocess.run(command, capture_output=True, text=True, timeout=MOUNT_TIMEOUT_S)
@@ -142,3 +152,59 @@ class ReadOnly(_StopThenRestore):
         if self.restarted() and phase == "save" and self.on_trigger_rank() and not getattr(self, "_told", False):
             self._told = True  # the kernel, not this code, refuses the write: record where it meets it
             self.fired(point="save", read_only=str(self.env.checkpoint_dir))
+
+
+def refuse_writes_under(root: Path) -> None:
+    """``via: interception``: in this process, Python-level writes under ``root`` raise EROFS as a
+    read-only filesystem would: ``open`` for writing, ``torch.save`` given a path, ``os.mkdir`` /
+    ``os.makedirs`` of a new directory, ``os.rename`` / ``os.replace`` / ``os.remove`` /
+    ``os.unlink``. Writes from C++ or from other processes are not reached: the mount is the real
+    thing, this is its stand-in where there is no root."""
+    import builtins
+    import io
+
+    import torch
+    import torch.serialization
+
+    from ..interception import WRITE_MODE_CHARS
+
+    base = os.path.abspath(root)
+
+    def under(path: Any) -> bool:
+        if not isinstance(path, (str, bytes, os.PathLike)):
+            return False
+        absolute = os.path.abspath(os.fsdecode(path))
+        return absolute == base or absolute.startswith(base + os.sep)
+
+    def refused(path: Any) -> OSError:
+        return OSError(errno.EROFS, os.strerror(errno.EROFS), os.fsdecode(path))
+
+    real_open, real_save, real_mkdir = builtins.open, torch.serialization.save, os.mkdir
+
+    def open_(file, mode="r", *args, **kwargs):
+        if WRITE_MODE_CHARS & set(mode) and under(file):
+            raise refused(file)
+        return real_open(file, mode, *args, **kwargs)
+
+    def save(obj, f, *args, **kwargs):
+        if under(f):
+            raise refused(f)
+        return real_save(obj, f, *args, **kwargs)
+
+    def mkdir(path, *args, **kwargs):
+        if under(path) and not os.path.exists(path):
+            raise refused(path)
+        return real_mkdir(path, *args, **kwargs)  # an existing one: FileExistsError, as the kernel says
+
+    def refusing(real):
+        def call(path, *args, **kwargs):
+            if under(path) or any(under(a) for a in args[:1]):
+                raise refused(path)
+            return real(path, *args, **kwargs)
+        return call
+
+    for owner, name, new in ((builtins, "open", open_), (io, "open", open_), (torch, "save", save),
+                             (torch.serialization, "save", save), (os, "mkdir", mkdir)):
+        setattr(owner, name, new)
+    for name in ("rename", "replace", "remove", "unlink"):
+        setattr(os, name, refusing(getattr(os, name)))
