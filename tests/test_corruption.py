@@ -16,7 +16,7 @@ from resilience.errors import ScenarioError
 from resilience.faults.base import CaseEnvironment, Fault
 from resilience.read_interception import InterceptedReader, ReadInterceptor
 from resilience.scenario import VerdictKind
-from resilience.strategies.manifest import write_atomically
+from resilience.strategies.manifest import ManifestCheckpoint, write_atomically
 
 from .harness_helpers import case_from, run_case
 
@@ -321,3 +321,20 @@ def test_read_only_via_interception_refuses_python_writes_like_the_kernel(tmp_pa
     assert result.verdict.kind is VerdictKind.LOUD and result.verdict.restored_step == 8
     assert "[Errno 30] Read-only file system" in result.verdict.first_error.summary()
     assert result.verdict.first_error.phase == "restart"
+
+
+class SizeOnlyManifest(ManifestCheckpoint):
+    """Deliberately broken: checks each file's size and never its content."""
+
+    def _verify(self, document):
+        location = self.context.checkpoint_dir / document["location"]
+        return [name for name in self._share(sorted(document["files"]))
+                if not (location / name).exists()
+                or (location / name).stat().st_size != document["files"][name]["size"]]
+
+
+def test_a_manifest_that_checks_sizes_only_is_caught_silent_by_a_bit_flip(tmp_path):
+    result = run_case(tmp_path, workload={"steps": 12},
+                      strategy={"name": "tests.test_corruption:SizeOnlyManifest", "options": {"inner": "torch.per_rank"}},
+                      fault={"kind": "bit_flip", "rank": 1, "step": 8, "file": "step_00000008*_rank_1.pt"})
+    assert result.verdict.kind is VerdictKind.SILENT and result.verdict.restored_step == 8
