@@ -59,6 +59,8 @@ class DamageAfterSave(Fault):
     points = {"save": ("returned",)}
     byte_points = ()
     stops_job: ClassVar[bool] = True
+    #: False: nothing on disk is touched, the fault only stops the job here (and acts later)
+    damages_files: ClassVar[bool] = True
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -92,8 +94,8 @@ class DamageAfterSave(Fault):
         dist.barrier()  # every rank's save returned: its files are complete
         acted = False
         if self.on_trigger_rank():
-            targets = self.pick(self.written_during_save())
-            if targets:
+            targets = self.pick(self.written_during_save()) if self.damages_files else []
+            if targets or not self.damages_files:
                 root = self.env.checkpoint_dir
                 detail = self.damage([root / relative for relative in targets])
                 acted = True

@@ -39,12 +39,7 @@ class _StopThenRestore(DamageAfterSave):
     """Stops the first run right after the ``step`` save (nothing damaged); acts at the restart."""
 
     arms_at_restart = True
-
-    def pick(self, changed: list[str]) -> list[str]:
-        return ["."]  # nothing to damage: fire and stop even if the save wrote no matching file
-
-    def written_during_save(self) -> list[str]:
-        return ["."]
+    damages_files = False
 
     def damage(self, paths: list[Path]) -> dict[str, Any]:
         return {"action": "stop"}
