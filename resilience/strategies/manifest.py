@@ -29,7 +29,7 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Any, Mapping
 
 import torch.distributed as dist
 
@@ -96,7 +96,8 @@ class ManifestCheckpoint(CheckpointStrategy):
             inner_cls = _inner_class(inner)
         except PluginError as exc:
             return ("strategy.options.inner", str(exc), inner, allowed)
-        if inner_cls.load_step is CheckpointStrategy.load_step or inner_cls.step_location is CheckpointStrategy.step_location:
+        base = CheckpointStrategy
+        if inner_cls.load_step is base.load_step or inner_cls.step_location is base.step_location:
             return ("strategy.options.inner", f"{inner_cls.__name__} cannot load a chosen step (it needs "
                     "step_location and load_step)", inner, allowed)
         inner_options = options.get("inner_options", {})
@@ -104,7 +105,8 @@ class ManifestCheckpoint(CheckpointStrategy):
             return ("strategy.options.inner_options", "must be a mapping", inner_options, tuple(inner_cls.options))
         for key, value in inner_options.items():
             if key not in inner_cls.options:
-                return (f"strategy.options.inner_options.{key}", "unknown option", key, tuple(inner_cls.options) or "none")
+                return (f"strategy.options.inner_options.{key}", "unknown option", key,
+                        tuple(inner_cls.options) or "none")
             choices = inner_cls.option_values.get(key)
             if choices is not None and value not in choices:
                 return (f"strategy.options.inner_options.{key}", "not one of the allowed values", value, choices)
