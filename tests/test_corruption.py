@@ -278,7 +278,8 @@ def test_keep_last_retention_is_validated():
         case_from(strategy={"name": "torch.per_rank", "options": {"keep_last": 0}})
     assert "strategy.options.keep_last" in str(info.value) and "integer >= 1" in str(info.value)
     with pytest.raises(ScenarioError) as info:
-        case_from(strategy={"name": "manifest", "options": {"inner": "torch.rank0", "inner_options": {"keep_last": "2"}}})
+        case_from(strategy={"name": "manifest",
+                            "options": {"inner": "torch.rank0", "inner_options": {"keep_last": "2"}}})
     assert "strategy.options.inner_options.keep_last" in str(info.value)
 
 
@@ -335,6 +336,7 @@ class SizeOnlyManifest(ManifestCheckpoint):
 
 def test_a_manifest_that_checks_sizes_only_is_caught_silent_by_a_bit_flip(tmp_path):
     result = run_case(tmp_path, workload={"steps": 12},
-                      strategy={"name": "tests.test_corruption:SizeOnlyManifest", "options": {"inner": "torch.per_rank"}},
+                      strategy={"name": "tests.test_corruption:SizeOnlyManifest",
+                                "options": {"inner": "torch.per_rank"}},
                       fault={"kind": "bit_flip", "rank": 1, "step": 8, "file": "step_00000008*_rank_1.pt"})
     assert result.verdict.kind is VerdictKind.SILENT and result.verdict.restored_step == 8
