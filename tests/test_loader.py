@@ -15,6 +15,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from resilience import plugins
 from resilience.errors import ScenarioError
 from resilience.loader import (DEFAULT_TIMEOUTS, is_scenario_file, load_document, load_file, load_text,
                                parse_case, parse_size)
@@ -260,7 +261,8 @@ def test_strategy_module_raising_at_import_is_a_scenario_error(tmp_path, monkeyp
 def test_unknown_fault_kind_lists_kinds():
     err = scenario_error(variant({"fault.kind": "explode"}))
     assert "unknown fault 'explode'" in str(err)
-    assert err.allowed == "none, kill, disk_full, stall, partition, throttle, preempt, version_mismatch, package.module:Class"
+    assert err.allowed.startswith("none, kill, disk_full, stall, partition, throttle, preempt, version_mismatch, ")
+    assert err.allowed == ", ".join(plugins.FAULTS) + ", package.module:Class"
 
 
 def test_fault_rank_error_explains_range_from_world_size():
