@@ -146,7 +146,7 @@ class Harness:
         self.explore_profile, self.explore_restores = explore_profile, explore_restores
 
     def run(self, case: Case) -> CaseResult:
-        missing = plugins.resolve("strategy", case.strategy.name).missing()
+        missing = plugins.resolve("strategy", case.strategy.name).missing_for(case.strategy.options)
         if missing:
             raise StrategyUnavailable(f"strategy {case.strategy.name} needs {missing}")
         if self.work_root is not None:

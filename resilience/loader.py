@@ -359,6 +359,10 @@ class _Validator:
                 self.integer(f"strategy.options.{option}", options[option], 1, MAX_WORLD_SIZE)
             elif option in options:
                 self.choice(f"strategy.options.{option}", options[option], allowed)
+        check_options = getattr(cls, "check_options", None)
+        problem = check_options(options) if check_options else None
+        if problem:
+            raise self.error(*problem)
         return StrategySpec(name=name, options=options)
 
     def workload(self, value: Any) -> WorkloadSpec:
@@ -398,6 +402,8 @@ class _Validator:
             if allowed is float:
                 value = self.required(f"fault.{key}", doc.get(key, default))
                 params[key] = self.number(f"fault.{key}", value, 0)
+            elif allowed is object:  # any JSON value or absent (None); the fault's check() validates it
+                params[key] = self.plain(f"fault.{key}", doc.get(key, default))
             elif allowed is str:  # an optional glob or name
                 value = doc.get(key, default)
                 if value is not None and (not isinstance(value, str) or not value.strip()):

@@ -15,6 +15,7 @@ STRATEGIES = {
     "deepspeed.zero3": "resilience.strategies.deepspeed_zero:Zero3",
     "megatron": "resilience.strategies.megatron:MegatronCheckpoint",
     "dcp": "resilience.strategies.dcp:DcpCheckpoint",
+    "manifest": "resilience.strategies.manifest:ManifestCheckpoint",
 }
 FAULTS = {
     "none": "resilience.faults.noop:NoFault",
@@ -26,6 +27,17 @@ FAULTS = {
     "preempt": "resilience.faults.preempt:Preempt",
     "version_mismatch": "resilience.faults.version:VersionMismatch",
     "power_loss": "resilience.faults.power_loss:PowerLoss",
+    "bit_flip": "resilience.faults.corruption:BitFlip",
+    "truncate": "resilience.faults.corruption:Truncate",
+    "zero_block": "resilience.faults.corruption:ZeroBlock",
+    "missing_file": "resilience.faults.corruption:MissingFile",
+    "duplicate_file": "resilience.faults.corruption:DuplicateFile",
+    "stale_pointer": "resilience.faults.corruption:StalePointer",
+    "read_error": "resilience.faults.storage:ReadError",
+    "slow_read": "resilience.faults.storage:SlowRead",
+    "read_only": "resilience.faults.storage:ReadOnly",
+    "straggler": "resilience.faults.straggler:Straggler",
+    "tag_mismatch": "resilience.faults.disagreement:TagMismatch",
 }
 WORKLOADS = {
     "mlp": "resilience.workload:MLPWorkload",

@@ -39,7 +39,8 @@ def reference_key(case: Case, with_snapshots: bool) -> str:
 
     strategy = plugins.resolve("strategy", case.strategy.name)
     trainer = strategy.trainer(case.strategy.options)
-    trained_by = (worker, workload, plugins.resolve("workload", case.workload.model)) + ((strategy,) if trainer else ())
+    trained_by = (worker, workload, plugins.resolve("workload", case.workload.model)) + (
+        strategy.trained_by(case.strategy.options) if trainer else ())
     sources = {inspect.getsourcefile(m) for m in trained_by}
     digest = hashlib.sha256()
     for path in sorted(s for s in sources if s):

@@ -18,7 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from .phases import PhasePlan
+from .phases import RESTART, PhasePlan
 
 PR_SET_PDEATHSIG = 1
 
@@ -67,13 +67,20 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     clock = Clock()
 
-    fault = plugins.resolve("fault", case.fault.kind)(case.fault) if plan.inject else None
+    fault_class = plugins.resolve("fault", case.fault.kind)
+    at_restart = plan.name == RESTART and fault_class.arms_at_restart
+    fault = fault_class(case.fault) if plan.inject or at_restart else None
     if fault and fault.needs_interception():
         # Only then: torch.save given a path writes from C++, and the real thing should stay real.
         Interceptor(checkpoint_dir, [fault]).install()
     if fault:
         fault.arm(RankEnvironment(rank=rank, world_size=plan.world_size, checkpoint_dir=checkpoint_dir,
-                                  clock=clock, emit=events.emit, case_dir=Path(plan.case_file).parent))
+                                  clock=clock, emit=events.emit, case_dir=Path(plan.case_file).parent,
+                                  incarnation="restart" if at_restart else "first_run"))
+    if fault and fault.needs_read_interception():  # asked once armed: it may depend on the incarnation
+        from .read_interception import ReadInterceptor
+
+        ReadInterceptor(checkpoint_dir, [fault]).install()
 
     if fault and fault.reaches_helpers():
         from .helper_hook import expose
@@ -94,6 +101,8 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
                               options=dict(case.strategy.options), topology=topology)
     # every phase, the oracle's too: a strategy whose engine trains the model trains it everywhere
     strategy = plugins.resolve("strategy", case.strategy.name)(context)
+    if fault:
+        fault.attach(strategy)
     workload_cls = plugins.resolve("workload", case.workload.model)
     workload = workload_cls(case.workload, rank, plan.world_size, **(
         {"topology": topology} if workload_cls.model_parallel else {}))  # collective: it may build groups

@@ -78,6 +78,7 @@ class RankEnvironment:
     emit: Callable[..., None] = field(repr=False)  # emit(event_name, **fields) into the rank's event log
     case_dir: Path | None = None  # CaseEnvironment.case_dir: what the harness side left for the ranks
     process: str = "rank"  # or "helper": a process the rank's libraries started (see helper_hook)
+    incarnation: str = "first_run"  # or "restart": only for faults whose ``arms_at_restart`` is true
 
 
 class Fault:
@@ -88,9 +89,13 @@ class Fault:
     (the operator's repair, e.g. freeing disk space), before the restart; ``teardown(env)`` always,
     last, even when an earlier call raised.
     Rank processes of the first run (every rank; the fault checks its trigger's rank itself):
-    ``arm(env)`` once, before the strategy exists; ``at(phase, step)`` when the rank enters a train
+    ``arm(env)`` once, before the strategy exists; ``attach(strategy)`` once, right after it
+    exists (before ``prepare``); ``at(phase, step)`` when the rank enters a train
     step or a save; ``after_save(strategy, step)`` when its save returned; the IO hooks (``on_open``, ``on_write``, ``on_fsync``, ``before_close``,
-    ``after_close``) for files under the checkpoint directory. Restarted ranks get no fault.
+    ``after_close``) for files under the checkpoint directory. Restarted ranks get no fault,
+    unless ``arms_at_restart``: then ``arm(env)`` runs there too (``env.incarnation == "restart"``),
+    before the strategy exists, and the read hooks (``wants_read``, ``on_open_read``, ``on_read``)
+    see the restore's reads when ``needs_read_interception()``.
     A fault that fires calls ``fired(...)`` first, so the event is on record before it acts.
     A fault whose ``explores`` is true gets the same calls in the first run, which then ends; the
     harness hands the case to `resilience.explore`, which runs the restarts itself.
@@ -107,10 +112,13 @@ class Fault:
         "save": ("start", "open", "write", "fsync", "close"), "train": ("start",)}
     #: points at which ``after_bytes`` means something
     byte_points: ClassVar[tuple[str, ...]] = ("write",)
-    #: kind-specific keys: name -> (allowed values, or ``float`` for a number > 0; default)
+    #: kind-specific keys: name -> (allowed values, ``float`` for a number > 0, ``str`` for an optional
+    #: name or glob, or ``object`` for any JSON value that ``check`` validates; default)
     params: ClassVar[dict[str, tuple[tuple[str, ...] | type, Any]]] = {}
     #: whether the harness calls ``supervise`` while the first run is going on
     supervises: ClassVar[bool] = False
+    #: whether the restart's ranks arm the fault too (faults that act on the restore's reads)
+    arms_at_restart: ClassVar[bool] = False
 
     def __init__(self, spec: FaultSpec):
         self.spec = spec
@@ -129,6 +137,11 @@ class Fault:
 
     def needs_interception(self) -> bool:
         """Whether the rank must route checkpoint writes through the interception layer."""
+        return False
+
+    def needs_read_interception(self) -> bool:
+        """Whether the rank must route reads under the checkpoint directory through
+        `resilience.read_interception` (only then are reads wrapped at all)."""
         return False
 
     def reaches_helpers(self) -> bool:
@@ -155,6 +168,10 @@ class Fault:
     def arm(self, env: RankEnvironment) -> None:
         self.env = env
 
+    def attach(self, strategy: Any) -> None:
+        """The rank's strategy, once constructed (a fault that plays a bug of the training script
+        around it, e.g. a rank passing another tag, keeps it)."""
+
     def at(self, phase: str, step: int) -> None:
         pass
 
@@ -178,6 +195,16 @@ class Fault:
         pass
 
     def after_close(self, file: InterceptedFile) -> None:
+        pass
+
+    def wants_read(self, relative: str) -> bool:
+        """Whether this fault needs to see the reads of the file being opened (see ReadListener)."""
+        return False
+
+    def on_open_read(self, path: Path, relative: str) -> None:
+        pass
+
+    def on_read(self, file: Any, nbytes: int) -> None:
         pass
 
     # -- helpers for subclasses -----------------------------------------------------------------

@@ -45,7 +45,8 @@ class CheckpointStrategy(ABC):
       2. First run: ``save(workload, step)`` collectively on every rank after each checkpoint step.
          It returns once this rank considers the checkpoint saved; a checkpoint counts as complete
          when ``save`` has returned on every rank.
-      3. Restart (fresh processes, maybe another world size): ``load(workload)`` collectively on every
+      3. Restart (fresh processes, maybe another world size): ``load(workload)`` (or, from a
+         wrapper that picks the checkpoint, ``load_step(workload, step)``) collectively on every
          rank, once, before training resumes. It restores the newest checkpoint it trusts through
          ``workload.load_state_dict`` (training then resumes at ``workload.step``), leaves the
          workload untouched to start from scratch, or raises to refuse. Then ``save`` as in 2.
@@ -72,6 +73,18 @@ class CheckpointStrategy(ABC):
             if importlib.util.find_spec(module) is None:
                 return f"{module} is not installed ({install})"
         return None
+
+    @classmethod
+    def missing_for(cls, options: Mapping[str, Any]) -> str | None:
+        """``missing()`` for a strategy configured with ``options`` (a wrapper: its inner's).
+        Called in the harness."""
+        return cls.missing()
+
+    @classmethod
+    def trained_by(cls, options: Mapping[str, Any]) -> tuple[type, ...]:
+        """The classes whose source decides how the engine trains (see ``trainer``): the
+        reference cache is keyed on their source. A wrapper names its inner strategy's."""
+        return (cls,)
 
     def __init__(self, context: StrategyContext):
         self.context = context
@@ -109,3 +122,17 @@ class CheckpointStrategy(ABC):
     @abstractmethod
     def load(self, workload: Workload) -> None:
         """Restore the newest trusted checkpoint into ``workload``, or raise; called on every rank."""
+
+    # -- optional: addressing one checkpoint, for wrappers that choose which one to restore -------
+    def step_location(self, step: int) -> Path | None:
+        """The directory that holds every rank's files of the step-``step`` checkpoint (and those
+        of no other step), or None when the strategy has no such directory. Pure: it names the
+        place, whether or not it exists. Called on any rank, after ``save(workload, step)``
+        returned on every rank, and at restart before ``load_step``."""
+        return None
+
+    def load_step(self, workload: Workload, step: int) -> None:
+        """Restore exactly the step-``step`` checkpoint into ``workload``, or raise. Collective:
+        at restart every rank calls it once, in place of ``load`` (never both); a strategy that
+        implements it also implements ``step_location``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot load a chosen step")

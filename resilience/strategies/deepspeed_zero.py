@@ -29,6 +29,7 @@ WRITERS = ("torch", "decoupled")
 DECOUPLED_WRITER = {"type": "python", "decoupled": True, "data_parallel": "replica"}
 ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
 CONVERT_TIMEOUT_S = 600
+TAG_VALIDATION = ("Warn", "Ignore", "Fail")  # DeepSpeed's checkpoint.tag_validation; its default: Warn
 
 
 def deepspeed_version() -> str | None:
@@ -191,16 +192,19 @@ class ZeroCheckpoint(CheckpointStrategy):
     ``restore: native`` (default) loads the checkpoint as saved, which needs the same data-parallel
     size; ``restore: universal`` converts it first with ``deepspeed.checkpoint.ds_to_universal``
     (rank 0, under ``<checkpoint_dir>/universal``) and loads that with ``load_universal``, the
-    route DeepSpeed offers for a changed topology. ``writer: decoupled`` saves through DeepSpeed's
+    route DeepSpeed offers for a changed topology. ``tag_validation: Warn|Ignore|Fail`` sets
+    DeepSpeed's check that every rank passed the same tag (its default, Warn, only logs).
+    ``writer: decoupled`` saves through DeepSpeed's
     decoupled checkpoint engine (a spawned writer process per rank; ``save_checkpoint`` returns
     before the files exist and ``latest`` follows at the next optimizer step); the restart loads
     with the torch engine, since the decoupled engine cannot load DeepSpeed's own pickles.
     """
 
     stage: ClassVar[int] = 0
-    options = ("restore", "writer")
+    options = ("restore", "writer", "tag_validation")
     requires = {"deepspeed": "DS_BUILD_OPS=0 pip install 'resilience[deepspeed]'"}
-    option_values: ClassVar[Mapping[str, tuple[str, ...]]] = {"restore": RESTORE_ROUTES, "writer": WRITERS}
+    option_values: ClassVar[Mapping[str, tuple[str, ...]]] = {"restore": RESTORE_ROUTES, "writer": WRITERS,
+                                                              "tag_validation": TAG_VALIDATION}
 
     def __init__(self, context: StrategyContext):
         super().__init__(context)
@@ -232,6 +236,8 @@ class ZeroCheckpoint(CheckpointStrategy):
             "steps_per_print": 1 << 30,
             "checkpoint": {"load_universal": self.restore == "universal" and context.previous_rank is not None},
         }
+        if "tag_validation" in context.options:
+            config["checkpoint"]["tag_validation"] = context.options["tag_validation"]
         if self.writer == "decoupled" and context.previous_rank is None:
             # Saving only: the decoupled engine's own load calls torch.load with weights_only
             # and refuses DeepSpeed's pickled objects, so a restart loads with the torch engine.
@@ -244,8 +250,12 @@ class ZeroCheckpoint(CheckpointStrategy):
         self.workload = ZeroTrainedWorkload(workload, engine, self.stage)
         return self.workload
 
+    def tag_for(self, step: int) -> str:
+        """The tag this rank passes to ``save_checkpoint`` for ``step`` (every rank must agree)."""
+        return f"global_step{step}"
+
     def save(self, workload: Workload, step: int) -> None:
-        self.workload.engine.save_checkpoint(str(self.context.checkpoint_dir), tag=f"global_step{step}",
+        self.workload.engine.save_checkpoint(str(self.context.checkpoint_dir), tag=self.tag_for(step),
                                              client_state={"progress": self.workload.inner.progress_state(),
                                                            "check_loss": self.workload.evaluation_loss()})
 
@@ -277,6 +287,19 @@ class ZeroCheckpoint(CheckpointStrategy):
             return
         self.workload.inner.load_progress_state(client_state["progress"])
         self.recorded_check_loss = client_state.get("check_loss")  # for resilience verify --step-check
+
+    def step_location(self, step: int):
+        return self.context.checkpoint_dir / self.tag_for(step)
+
+    def load_step(self, workload: Workload, step: int) -> None:
+        """``load_checkpoint(dir, tag=...)``: the tag named, whatever ``latest`` says (native route)."""
+        if self.restore == "universal":
+            raise NotImplementedError("restore: universal converts what latest names; a chosen step needs restore: native")
+        path, client_state = self.workload.engine.load_checkpoint(str(self.context.checkpoint_dir),
+                                                                  tag=self.step_location(step).name)
+        if path is None:
+            raise RuntimeError(f"DeepSpeed found no checkpoint under tag {self.step_location(step).name}")
+        self.workload.inner.load_progress_state(client_state["progress"])
 
     def _convert_to_universal(self):
         """Rank 0 converts the checkpoint ``latest`` names; the others wait for it."""

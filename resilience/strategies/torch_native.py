@@ -8,6 +8,10 @@ restore, and a step directory that is complete for some ranks only is used anywa
 Every file carries a version stamp (``versions``: format and torch version) that restore ignores,
 as the seed's code would; option ``check_version: true`` refuses a file of another format.
 
+Option ``keep_last: N``: retention as it is often written, rank 0 removing every step directory
+but the N newest right after its own file is written, without waiting for the other ranks, so a
+save that is torn on another rank may already have cost the previous checkpoint.
+
 Option ``save_on_sigterm: true``: an emergency save of the current step when SIGTERM arrives
 (`resilience.preemption`), as training scripts on preemptible clusters add; off by default, as in the seed.
 
@@ -22,6 +26,7 @@ after loading and compares bitwise. Restore reads it into ``recorded_check_loss`
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 from typing import ClassVar
 
@@ -70,6 +75,26 @@ def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:08d}"
 
 
+def keep_last_problem(options) -> tuple[str, str, object, object] | None:
+    keep = options.get("keep_last")
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        return ("strategy.options.keep_last", "must be a number of checkpoints", keep, "an integer >= 1")
+    return None
+
+
+def prune_step_dirs(root: Path, keep: int | None) -> None:
+    """Remove every step directory but the ``keep`` newest (by step number), complete or not."""
+    if keep is None:
+        return
+    steps = sorted((p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name)), key=lambda p: p.name)
+    for directory in steps[:-keep]:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def step_of(directory: Path) -> int:
+    return int(STEP_DIR.match(directory.name).group(1))
+
+
 def newest_step_dir(root: Path) -> Path | None:
     """The step directory with the highest step number, complete or not."""
     steps = [p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name)] if root.is_dir() else []
@@ -91,6 +116,31 @@ class TorchSave(CheckpointStrategy):
         self.recorded_check_loss = state.pop(CHECK_LOSS_KEY, None)
         workload.load_state_dict(state)
 
+    def file_path(self, step: int) -> Path:
+        """This rank's file of the step-``step`` checkpoint."""
+        raise NotImplementedError
+
+    def step_location(self, step: int) -> Path:
+        return step_dir(self.context.checkpoint_dir, step)
+
+    def load(self, workload: Workload) -> None:
+        """The newest step directory, complete or not, without validation or fallback (the seed's
+        code); none: start from scratch."""
+        directory = newest_step_dir(self.context.checkpoint_dir)
+        if directory is not None:
+            self.load_step(workload, step_of(directory))
+        else:
+            dist.barrier()
+
+    def load_step(self, workload: Workload, step: int) -> None:
+        self.restore_from(self.file_path(step), workload)
+        dist.barrier()
+
+    def rewrite_version_stamp(self, step: int, claim: str) -> list[str]:
+        path = self.file_path(step)
+        restamp(path, claim)
+        return [path.relative_to(self.context.checkpoint_dir).as_posix()]
+
 
 class RankZeroSave(TorchSave):
     """Rank 0 saves the whole state with ``torch.save``, then every rank meets at a barrier.
@@ -100,29 +150,24 @@ class RankZeroSave(TorchSave):
     """
 
     file_name = "model_optim.pt"
-    options = ("save_on_sigterm", "check_version")
+    options = ("save_on_sigterm", "check_version", "keep_last")
     option_values: ClassVar[dict[str, tuple[bool, ...]]] = {"save_on_sigterm": (True, False),
                                                             "check_version": (True, False)}
+    check_options = staticmethod(keep_last_problem)
 
     def save(self, workload: Workload, step: int) -> None:
         if self.context.rank == 0:
             directory = step_dir(self.context.checkpoint_dir, step)
             directory.mkdir(parents=True, exist_ok=True)
             torch.save(self.file_content(workload), directory / self.file_name)
+            prune_step_dirs(self.context.checkpoint_dir, self.context.options.get("keep_last"))
         dist.barrier()
 
-    def load(self, workload: Workload) -> None:
-        directory = newest_step_dir(self.context.checkpoint_dir)
-        if directory is not None:
-            self.restore_from(directory / self.file_name, workload)
-        dist.barrier()
+    def file_path(self, step: int) -> Path:
+        return self.step_location(step) / self.file_name
 
     def rewrite_version_stamp(self, step: int, claim: str) -> list[str]:
-        if self.context.rank != 0:
-            return []
-        path = step_dir(self.context.checkpoint_dir, step) / self.file_name
-        restamp(path, claim)
-        return [path.relative_to(self.context.checkpoint_dir).as_posix()]
+        return super().rewrite_version_stamp(step, claim) if self.context.rank == 0 else []
 
 
 class PerRankSave(TorchSave):
@@ -130,10 +175,11 @@ class PerRankSave(TorchSave):
 
     With ``stagger: K`` the ranks write in waves of K, a barrier after each wave."""
 
-    options = ("save_on_sigterm", "check_version", "stagger")
+    options = ("save_on_sigterm", "check_version", "stagger", "keep_last")
     option_values: ClassVar[dict[str, tuple[bool, ...] | type]] = {"save_on_sigterm": (True, False),
                                                                    "check_version": (True, False),
                                                                    "stagger": int}
+    check_options = staticmethod(keep_last_problem)
 
     def save(self, workload: Workload, step: int) -> None:
         directory = step_dir(self.context.checkpoint_dir, step)
@@ -149,15 +195,9 @@ class PerRankSave(TorchSave):
                     torch.save(self.file_content(workload), path)
                 if wave < waves - 1:  # the next wave starts once this one has written
                     dist.barrier()
+        if self.context.rank == 0:  # without waiting for the others: see keep_last above
+            prune_step_dirs(self.context.checkpoint_dir, self.context.options.get("keep_last"))
         dist.barrier()
 
-    def load(self, workload: Workload) -> None:
-        directory = newest_step_dir(self.context.checkpoint_dir)
-        if directory is not None:
-            self.restore_from(directory / f"ckpt_rank_{self.context.rank}.pt", workload)
-        dist.barrier()
-
-    def rewrite_version_stamp(self, step: int, claim: str) -> list[str]:
-        path = step_dir(self.context.checkpoint_dir, step) / f"ckpt_rank_{self.context.rank}.pt"
-        restamp(path, claim)
-        return [path.relative_to(self.context.checkpoint_dir).as_posix()]
+    def file_path(self, step: int) -> Path:
+        return self.step_location(step) / f"ckpt_rank_{self.context.rank}.pt"

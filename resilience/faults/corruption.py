@@ -1,0 +1,267 @@
+"""Damage to a checkpoint that was saved completely: what bad disks, bad copies and bad operators
+do to files at rest (a flipped bit, a cut file, a zeroed block, a lost or misplaced shard, a stale
+or dangling ``latest`` pointer).
+
+On every rank, right after the ``step`` save returned, the ranks meet at a barrier (every rank's
+files are complete), the trigger rank damages every file matching ``file`` that was written
+during that save, the ranks meet again, and the trigger rank dies (SIGKILL), so the restart
+restores from the damaged checkpoint, as ``version_mismatch`` does. The files are changed on disk
+with plain file operations: the restart reads what a real damaged file holds.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any, ClassVar
+
+from .base import Fault
+
+MIDDLE = "middle"
+
+
+def _files(root: Path) -> dict[str, tuple[int, int, int]]:
+    """Every file under ``root``: relative path -> (inode, mtime_ns, size)."""
+    found = {}
+    for path in root.rglob("*"):
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            continue
+        if path.is_file():
+            found[path.relative_to(root).as_posix()] = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+    return found
+
+
+def _offset_problem(key: str, value: Any) -> tuple[str, str, Any, Any] | None:
+    if value == MIDDLE or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return None
+    return (f"fault.{key}", "must be a byte offset or middle", value, "an integer >= 0, or middle (of the file)")
+
+
+def _resolve_offset(offset: Any, size: int, path: Path) -> int:
+    at = size // 2 if offset == MIDDLE else offset
+    if at >= size:
+        raise ValueError(f"fault offset {at} is past the end of {path} ({size} bytes)")
+    return at
+
+
+class DamageAfterSave(Fault):
+    """The shared trigger: after the ``step`` save returned everywhere, damage, then stop the job.
+
+    Subclasses implement ``damage(paths)`` (on the trigger rank only; returns what it did, for the
+    event) and may override ``pick(changed)`` (which files to damage among those written during
+    the save that match ``file``)."""
+
+    points = {"save": ("returned",)}
+    byte_points = ()
+    stops_job: ClassVar[bool] = True
+    #: False: nothing on disk is touched, the fault only stops the job here (and acts later)
+    damages_files: ClassVar[bool] = True
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self._before: dict[str, tuple[int, int, int]] | None = None
+
+    def first_run(self) -> bool:
+        return self.env is not None and self.env.incarnation == "first_run"
+
+    def at(self, phase: str, step: int) -> None:
+        # The train step before the triggering save: the previous save returned on every rank.
+        if self.first_run() and phase == "train" and step == self.trigger.step and self.on_trigger_rank():
+            self._before = _files(self.env.checkpoint_dir)
+
+    def written_during_save(self) -> list[str]:
+        """Files matching ``file`` created or changed since the triggering step began."""
+        before = self._before or {}
+        return sorted(relative for relative, identity in _files(self.env.checkpoint_dir).items()
+                      if before.get(relative) != identity and self.path_matches(relative))
+
+    def pick(self, changed: list[str]) -> list[str]:
+        return changed
+
+    def damage(self, paths: list[Path]) -> dict[str, Any]:
+        return {}
+
+    def after_save(self, strategy, step: int) -> None:
+        if not self.first_run() or step != self.trigger.step:
+            return
+        import torch.distributed as dist
+
+        dist.barrier()  # every rank's save returned: its files are complete
+        acted = False
+        if self.on_trigger_rank():
+            targets = self.pick(self.written_during_save()) if self.damages_files else []
+            if targets or not self.damages_files:
+                root = self.env.checkpoint_dir
+                detail = self.damage([root / relative for relative in targets])
+                acted = True
+                self.fired(point="returned", files=targets, ends_process=self.stops_job, **detail)
+            else:
+                self.env.emit("fault_missed", kind=self.spec.kind, file=self.trigger.file,
+                              reason="no file matching it was written during the save")
+        dist.barrier()  # the damage is done before anyone goes on
+        if acted and self.stops_job:
+            os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(3600)  # SIGKILL is not deliverable late; this only keeps the code honest
+
+
+class BitFlip(DamageAfterSave):
+    """One bit (``bit``, 0 = least significant) of the byte at ``offset`` (or the middle of the
+    file) flipped in every matching file, as a bad disk or DRAM on a storage server does."""
+
+    kind = "bit_flip"
+    params = {"offset": (object, MIDDLE), "bit": (object, 0)}
+
+    @classmethod
+    def check(cls, spec):
+        bit = spec.params.get("bit")
+        if isinstance(bit, bool) or not isinstance(bit, int) or not 0 <= bit <= 7:
+            return ("fault.bit", "must be a bit number", bit, "0..7")
+        return _offset_problem("offset", spec.params.get("offset"))
+
+    def damage(self, paths: list[Path]) -> dict[str, Any]:
+        offsets = []
+        for path in paths:
+            with open(path, "r+b") as file:
+                at = _resolve_offset(self.spec.params["offset"], os.fstat(file.fileno()).st_size, path)
+                file.seek(at)
+                byte = file.read(1)[0]
+                file.seek(at)
+                file.write(bytes([byte ^ (1 << self.spec.params["bit"])]))
+            offsets.append(at)
+        return {"offsets": offsets, "bit": self.spec.params["bit"]}
+
+
+class Truncate(DamageAfterSave):
+    """Every matching file cut to ``keep`` bytes (an integer) or to that fraction of its size (a
+    number between 0 and 1), as an interrupted copy or a lost tail of a write leaves it."""
+
+    kind = "truncate"
+    params = {"keep": (object, 0.5)}
+
+    @classmethod
+    def check(cls, spec):
+        keep = spec.params.get("keep")
+        if isinstance(keep, bool) or not isinstance(keep, (int, float)) or keep < 0 or (
+                isinstance(keep, float) and keep >= 1):
+            return ("fault.keep", "must be a byte count or a fraction of the file", keep,
+                    "an integer >= 0 (bytes) or a number in (0, 1) (fraction)")
+        return None
+
+    def damage(self, paths: list[Path]) -> dict[str, Any]:
+        keep, sizes = self.spec.params["keep"], []
+        for path in paths:
+            size = path.stat().st_size
+            new = int(size * keep) if isinstance(keep, float) else min(keep, size)
+            os.truncate(path, new)
+            sizes.append([size, new])
+        return {"sizes": sizes}
+
+
+class ZeroBlock(DamageAfterSave):
+    """``length`` bytes from ``offset`` (or the middle) overwritten with zeros in every matching
+    file, as a lost block on a filesystem that zero-fills it does."""
+
+    kind = "zero_block"
+    params = {"offset": (object, MIDDLE), "length": (object, 4096)}
+
+    @classmethod
+    def check(cls, spec):
+        length = spec.params.get("length")
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            return ("fault.length", "must be a byte count", length, "an integer >= 1")
+        return _offset_problem("offset", spec.params.get("offset"))
+
+    def damage(self, paths: list[Path]) -> dict[str, Any]:
+        ranges = []
+        for path in paths:
+            with open(path, "r+b") as file:
+                size = os.fstat(file.fileno()).st_size
+                at = _resolve_offset(self.spec.params["offset"], size, path)
+                length = min(self.spec.params["length"], size - at)
+                file.seek(at)
+                file.write(bytes(length))
+            ranges.append([at, at + length])
+        return {"ranges": ranges}
+
+
+class MissingFile(DamageAfterSave):
+    """Every matching file deleted: a shard lost by a failed upload or an over-eager cleanup."""
+
+    kind = "missing_file"
+
+    def damage(self, paths: list[Path]) -> dict[str, Any]:
+        for path in paths:
+            path.unlink()
+        return {}
+
+
+class DuplicateFile(DamageAfterSave):
+    """The one file written during the save that matches ``source`` (say rank 0's shard) copied
+    over every file matching ``file`` (rank 1's): a copy or sync tool that mixed up two names."""
+
+    kind = "duplicate_file"
+    params = {"source": (str, None)}
+
+    @classmethod
+    def check(cls, spec):
+        if not spec.params.get("source"):
+            return ("fault.source", "missing: the glob of the file copied over the target", None,
+                    "a glob relative to the checkpoint directory, e.g. '*_rank_0.pt'")
+        return None
+
+    def pick(self, changed: list[str]) -> list[str]:
+        return [relative for relative in changed if not fnmatchcase(relative, self.spec.params["source"])]
+
+    def damage(self, paths: list[Path]) -> dict[str, Any]:
+        sources = [relative for relative in self._written_all() if fnmatchcase(relative, self.spec.params["source"])]
+        if len(sources) != 1:
+            raise ValueError(f"fault.source {self.spec.params['source']!r} must match exactly one file written "
+                             f"during the step-{self.trigger.step} save; it matched {sources}")
+        source = self.env.checkpoint_dir / sources[0]
+        for path in paths:
+            shutil.copyfile(source, path)
+        return {"source": sources[0]}
+
+    def _written_all(self) -> list[str]:
+        before = self._before or {}
+        return sorted(r for r, identity in _files(self.env.checkpoint_dir).items() if before.get(r) != identity)
+
+
+POINTER_TARGETS = ("older", "missing")
+
+
+class StalePointer(DamageAfterSave):
+    """The pointer file (``file``, e.g. DeepSpeed's ``latest``) rewritten to name an ``older`` tag
+    (the newest other directory beside it: a pointer update that never reached the disk) or a
+    ``missing`` one (a tag whose directory does not exist: the shards were cleaned up or never
+    synced)."""
+
+    kind = "stale_pointer"
+    params = {"points_to": (POINTER_TARGETS, "older")}
+
+    @classmethod
+    def check(cls, spec):
+        if any(c in spec.trigger.file for c in "*?["):
+            return ("fault.file", "must name the pointer file itself", spec.trigger.file, "e.g. latest")
+        return None
+
+    def damage(self, paths: list[Path]) -> dict[str, Any]:
+        changes = []
+        for path in paths:
+            current = path.read_text().strip()
+            if self.spec.params["points_to"] == "missing":
+                new = f"{current}-missing"
+            else:
+                others = [d for d in path.parent.iterdir() if d.is_dir() and d.name != current
+                          and any(d.iterdir())]
+                if not others:
+                    raise ValueError(f"no older tag beside {path} to point to (it names {current!r})")
+                new = max(others, key=lambda d: d.stat().st_mtime_ns).name
+            path.write_text(new)
+            changes.append([current, new])
+        return {"pointer": changes}

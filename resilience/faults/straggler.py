@@ -1,0 +1,122 @@
+"""Split brain: a process of the previous incarnation of the job still writes into the checkpoint
+directory while the restarted job restores from it (a rank on a node the scheduler lost track
+of, an upload or async-save worker that outlived its job).
+
+After the ``step`` save returned on every rank, the trigger rank starts a real helper process in
+its own session (so the kill of the rank's process group does not reach it) and dies, which stops
+the first run as ``version_mismatch`` does. The helper waits for the restart to begin, then
+writes the stale file matching ``source`` (say this rank's file of the previous checkpoint) over
+every file matching ``file`` written during the ``step`` save, every ``interval`` seconds, each
+time to a temporary name and renamed into place (a reader sees the whole stale file, never a torn
+one). It stops after ``seconds`` on its own; the harness SIGKILLs it by pid at teardown anyway.
+
+    python -m resilience.faults.straggler CONFIG_JSON    (started by the fault, never by hand)
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+from .base import CaseEnvironment
+from .corruption import DamageAfterSave, _files
+
+PIDS_FILE = "straggler.pids"  # in the case directory: one pid per line, for teardown
+MODULE = "resilience.faults.straggler"
+EXIT_WAIT_S = 10.0
+
+
+class Straggler(DamageAfterSave):
+    kind = "straggler"
+    params = {"source": (str, None), "seconds": (float, 20.0), "interval": (float, 0.2)}
+
+    @classmethod
+    def check(cls, spec):
+        if not spec.params.get("source"):
+            return ("fault.source", "missing: the glob of the stale file the straggler writes", None,
+                    "a glob relative to the checkpoint directory, e.g. 'step_00000004/*_rank_1.pt'")
+        return None
+
+    def pick(self, changed: list[str]) -> list[str]:
+        return [relative for relative in changed if not fnmatchcase(relative, self.spec.params["source"])]
+
+    def damage(self, paths: list[Path]) -> dict[str, Any]:
+        root = self.env.checkpoint_dir
+        sources = [r for r in _files(root) if fnmatchcase(r, self.spec.params["source"])]
+        if len(sources) != 1:
+            raise ValueError(f"fault.source {self.spec.params['source']!r} must match exactly one file under "
+                             f"{root}; it matched {sources}")
+        case_dir = self.env.case_dir
+        config = {"source": str(root / sources[0]), "targets": [str(p) for p in paths],
+                  "wait_for": str(case_dir / "restart"), "seconds": self.spec.params["seconds"],
+                  "interval": self.spec.params["interval"]}
+        from ..interpreters import PROJECT_ROOT
+
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]))
+        helper = subprocess.Popen([sys.executable, "-m", MODULE, json.dumps(config)], env=env,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
+        with open(case_dir / PIDS_FILE, "a") as pids:
+            pids.write(f"{helper.pid}\n")
+        return {"source": sources[0], "straggler_pid": helper.pid}
+
+    # -- harness side ---------------------------------------------------------------------------
+    def teardown(self, env: CaseEnvironment) -> None:
+        """SIGKILL every straggler this case started, by pid, and wait until each is gone."""
+        try:
+            pids = [int(line) for line in (env.case_dir / PIDS_FILE).read_text().split()]
+        except FileNotFoundError:
+            return
+        for pid in pids:
+            if _is_our_straggler(pid, env.case_dir):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    continue
+        deadline = time.monotonic() + EXIT_WAIT_S
+        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+            time.sleep(0.02)
+
+
+def _is_our_straggler(pid: int, case_dir: Path) -> bool:
+    """Guard against a reused pid: the process must be this module, started for this case."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return MODULE in command and str(case_dir) in command
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"  # a zombie has exited; its new parent reaps it
+
+
+def main(argv: list[str]) -> int:
+    config = json.loads(argv[1])
+    deadline = time.monotonic() + config["seconds"]
+    while not Path(config["wait_for"]).exists():  # the previous incarnation outlives its job
+        if time.monotonic() > deadline:
+            return 0
+        time.sleep(0.005)
+    stale = Path(config["source"]).read_bytes()
+    while time.monotonic() < deadline:
+        for target in map(Path, config["targets"]):
+            staging = target.with_name(f".{target.name}.straggler")
+            staging.write_bytes(stale)
+            os.replace(staging, target)
+        time.sleep(config["interval"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,253 @@
+"""A wrapper that makes a checkpoint strategy verify what it restores: a manifest per checkpoint,
+with the size and SHA-256 of every file, written last and atomically; the restore verifies every
+file and falls back to the newest checkpoint that verifies completely.
+
+    strategy: {name: manifest, options: {inner: torch.per_rank, inner_options: {...}}}
+
+Save, on every rank: the inner strategy's ``save``; a barrier (every rank's files exist); each
+rank hashes and fsyncs its share of the files in the inner's ``step_location(step)`` (round
+robin, so no rank reads everything); rank 0 gathers the digests, fsyncs the checkpoint
+directory, writes ``manifests/step_<NNNNNNNN>.json`` to a temporary name, fsyncs it, renames it
+into place and fsyncs ``manifests/``; a final barrier. A checkpoint without its manifest was
+never complete, whatever its files say.
+
+Restore, on every rank: rank 0 lists the manifests, newest first, and hands each to every rank;
+every rank verifies its share of the files (size, then SHA-256; a file that cannot be read fails
+too) and the ranks agree (all-gather) before the first checkpoint that verifies on every rank is
+restored with the inner strategy's ``load_step``. Checkpoints that failed are reported on stderr.
+If manifests exist but none verifies, the restore raises, naming each failure: starting from
+scratch would silently lose every saved step. Option ``keep_last: N``: after the new manifest is
+durable, rank 0 removes all but the N newest complete checkpoints. The inner strategy must implement
+``step_location`` and ``load_step`` (see `CheckpointStrategy`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch.distributed as dist
+
+from ..workload import Workload
+from .base import CheckpointStrategy, StrategyContext
+
+MANIFEST_DIR = "manifests"
+MANIFEST_NAME = re.compile(r"^step_(\d{8})\.json$")
+MANIFEST_FORMAT = 1
+CHUNK = 1 << 20
+
+
+def file_digest(path: Path, durable: bool = False) -> tuple[int, str]:
+    """(size, sha256) of ``path``; ``durable``: fsync it too, so what was hashed is on disk."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as file:
+        while chunk := file.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+        if durable:
+            os.fsync(file.fileno())
+    return size, digest.hexdigest()
+
+
+def fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Temp file, fsync, rename, directory fsync: after a crash ``path`` is old or new, never torn."""
+    staging = path.with_name(f".{path.name}.tmp")
+    with open(staging, "w", encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(staging, path)
+    fsync_directory(path.parent)
+
+
+def _inner_class(name: Any) -> type:
+    from .. import plugins
+
+    return plugins.resolve("strategy", name)
+
+
+class ManifestCheckpoint(CheckpointStrategy):
+    options = ("inner", "inner_options", "keep_last")
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> tuple[str, str, Any, Any] | None:
+        """Loader-time validation of the wrapped strategy and its options."""
+        from .. import plugins
+        from ..errors import PluginError
+
+        inner = options.get("inner")
+        allowed = [n for n in plugins.STRATEGIES if n not in ("manifest", "none")] + ["package.module:Class"]
+        if not isinstance(inner, str) or not inner:
+            return ("strategy.options.inner", "missing: the strategy the manifest wraps", inner, allowed)
+        try:
+            inner_cls = _inner_class(inner)
+        except PluginError as exc:
+            return ("strategy.options.inner", str(exc), inner, allowed)
+        base = CheckpointStrategy
+        if inner_cls.load_step is base.load_step or inner_cls.step_location is base.step_location:
+            return ("strategy.options.inner", f"{inner_cls.__name__} cannot load a chosen step (it needs "
+                    "step_location and load_step)", inner, allowed)
+        inner_options = options.get("inner_options", {})
+        if not isinstance(inner_options, dict):
+            return ("strategy.options.inner_options", "must be a mapping", inner_options, tuple(inner_cls.options))
+        for key, value in inner_options.items():
+            if key not in inner_cls.options:
+                return (f"strategy.options.inner_options.{key}", "unknown option", key,
+                        tuple(inner_cls.options) or "none")
+            choices = inner_cls.option_values.get(key)
+            if choices is not None and value not in choices:
+                return (f"strategy.options.inner_options.{key}", "not one of the allowed values", value, choices)
+        inner_check = getattr(inner_cls, "check_options", None)
+        problem = inner_check(inner_options) if inner_check else None
+        if problem:
+            key, *rest = problem
+            return (key.replace("strategy.options.", "strategy.options.inner_options.", 1), *rest)
+        keep = options.get("keep_last")
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+            return ("strategy.options.keep_last", "must be a number of checkpoints", keep, "an integer >= 1")
+        return None
+
+    @classmethod
+    def trainer(cls, options: Mapping[str, Any]) -> str:
+        return _inner_class(options["inner"]).trainer(options.get("inner_options", {}))
+
+    @classmethod
+    def trained_by(cls, options: Mapping[str, Any]) -> tuple[type, ...]:
+        return _inner_class(options["inner"]).trained_by(options.get("inner_options", {}))
+
+    @classmethod
+    def missing_for(cls, options: Mapping[str, Any]) -> str | None:
+        return _inner_class(options["inner"]).missing_for(options.get("inner_options", {}))
+
+    def __init__(self, context: StrategyContext):
+        super().__init__(context)
+        options = context.options
+        inner_context = StrategyContext(checkpoint_dir=context.checkpoint_dir, rank=context.rank,
+                                        world_size=context.world_size, previous_rank=context.previous_rank,
+                                        options=dict(options.get("inner_options", {})))
+        self.inner = _inner_class(options["inner"])(inner_context)
+        self.manifests = context.checkpoint_dir / MANIFEST_DIR
+
+    def prepare(self, workload: Workload) -> Workload:
+        return self.inner.prepare(workload)
+
+    def tag_for(self, step: int) -> str:
+        """The inner strategy's tag, for inners that name one (AttributeError otherwise)."""
+        return self.inner.tag_for(step)
+
+    # -- save -------------------------------------------------------------------------------------
+    def save(self, workload: Workload, step: int) -> None:
+        self.inner.save(workload, step)
+        dist.barrier()  # every rank's files exist
+        location = self.inner.step_location(step)
+        locations: list[str | None] = [None] * self.context.world_size
+        dist.all_gather_object(locations, str(location))
+        if len(set(locations)) > 1:  # a manifest over one rank's directory would vouch for a partial checkpoint
+            raise RuntimeError(f"manifest: ranks saved step {step} to different places: "
+                               + ", ".join(f"rank {r}: {where}" for r, where in enumerate(locations)))
+        names = sorted(p.relative_to(location).as_posix() for p in location.rglob("*") if p.is_file())
+        mine = {name: file_digest(location / name, durable=True) for name in self._share(names)}
+        gathered: list[dict | None] = [None] * self.context.world_size
+        dist.all_gather_object(gathered, mine)  # also: every rank's share is durable
+        if self.context.rank == 0:
+            files = {name: {"size": size, "sha256": sha} for part in gathered for name, (size, sha) in part.items()}
+            fsync_directory(location)
+            if not self.manifests.is_dir():
+                self.manifests.mkdir()
+                fsync_directory(self.context.checkpoint_dir)
+            document = {"format": MANIFEST_FORMAT, "step": step, "world_size": self.context.world_size,
+                        "location": location.relative_to(self.context.checkpoint_dir).as_posix(),
+                        "files": dict(sorted(files.items()))}
+            write_atomically(self.manifests / f"step_{step:08d}.json", json.dumps(document, indent=1))
+            self._prune(self.context.options.get("keep_last"))
+        dist.barrier()
+
+    def _prune(self, keep: int | None) -> None:
+        """Retention done after the new manifest is durable: forget (manifest first, so a crash
+        in between leaves files without a claim, never a claim without files) then delete all but
+        the ``keep`` newest complete checkpoints."""
+        if keep is None:
+            return
+        steps = self._listed()
+        kept = {self._read_manifest(step).get("location") for step in steps[:keep]}
+        for step in steps[keep:]:
+            document = self._read_manifest(step)
+            (self.manifests / f"step_{step:08d}.json").unlink()
+            fsync_directory(self.manifests)
+            if isinstance(document, dict) and document["location"] not in kept:
+                shutil.rmtree(self.context.checkpoint_dir / document["location"], ignore_errors=True)
+
+    def _share(self, names: list[str]) -> list[str]:
+        return names[self.context.rank::self.context.world_size]
+
+    # -- load -------------------------------------------------------------------------------------
+    def load(self, workload: Workload) -> None:
+        steps = [self._listed() if self.context.rank == 0 else None]
+        dist.broadcast_object_list(steps, src=0)
+        failures = []
+        for step in steps[0]:
+            document = [self._read_manifest(step) if self.context.rank == 0 else None]
+            dist.broadcast_object_list(document, src=0)
+            problems = [document[0]] if isinstance(document[0], str) else self._verify(document[0])
+            gathered: list[list[str] | None] = [None] * self.context.world_size
+            dist.all_gather_object(gathered, problems)
+            found = sorted({p for part in gathered for p in part})
+            if not found:
+                if failures:
+                    print(f"manifest: restoring step {step}; newer checkpoints failed verification: "
+                          + " | ".join(failures), file=sys.stderr, flush=True)
+                self.inner.load_step(workload, step)
+                return
+            failures.append(f"step {step}: " + "; ".join(found[:8]))
+        if failures:
+            raise RuntimeError("manifest: no checkpoint verifies against its manifest: " + " | ".join(failures))
+        dist.barrier()  # nothing was ever completely saved: start from scratch
+
+    def _listed(self) -> list[int]:
+        if not self.manifests.is_dir():
+            return []
+        found = (MANIFEST_NAME.match(p.name) for p in self.manifests.iterdir())
+        return sorted((int(m.group(1)) for m in found if m), reverse=True)
+
+    def _read_manifest(self, step: int) -> dict | str:
+        path = self.manifests / f"step_{step:08d}.json"
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            return f"{path.name} unreadable ({type(exc).__name__}: {exc})"
+        if not isinstance(document, dict) or document.get("format") != MANIFEST_FORMAT or document.get("step") != step:
+            return f"{path.name} is not a format-{MANIFEST_FORMAT} manifest of step {step}"
+        return document
+
+    def _verify(self, document: dict) -> list[str]:
+        location = self.context.checkpoint_dir / document["location"]
+        problems = []
+        for name in self._share(sorted(document["files"])):
+            expected = document["files"][name]
+            path = location / name
+            try:
+                if path.stat().st_size != expected["size"]:
+                    problems.append(f"{document['location']}/{name}: {path.stat().st_size} bytes, "
+                                    f"the manifest says {expected['size']}")
+                    continue
+                size, sha = file_digest(path)
+            except OSError as exc:
+                problems.append(f"{document['location']}/{name}: {type(exc).__name__}: {exc}")
+                continue
+            if sha != expected["sha256"]:
+                problems.append(f"{document['location']}/{name}: sha256 {sha[:12]}..., the manifest says "
+                                f"{expected['sha256'][:12]}...")
+        return problems
