@@ -278,6 +278,10 @@ class _Planner:
     def __init__(self, case: Case, work_dir: Path, case_file: Path, checkpoint_dir: Path):
         self.case, self.work_dir, self.case_file, self.checkpoint_dir = case, work_dir, case_file, checkpoint_dir
 
+    def placement(self, name: str) -> Topology:
+        """The topology a phase runs at: the restart's for the restart and the oracle's continuation."""
+        return self.case.restart.placement if name in (RESTART, CONTINUATION) else self.case.placement
+
     def make(self, name: str, world_size: int, start: str, *, save: bool = False, inject: bool = False,
              record_states: bool = False, snapshot_dir: Path | None = None, snapshot_step: int | None = None,
              rank_map: tuple[int, ...] | None = None, phase_dir: Path | None = None,
@@ -291,7 +295,7 @@ class _Planner:
             snapshot_dir=str(snapshot_dir) if snapshot_dir else None, snapshot_step=snapshot_step,
             rank_map=rank_map or tuple(range(world_size)),
             collective_timeout_s=self.case.timeouts.collective_s,
-            topology=topology.as_dict() if topology else None)
+            topology=(topology or self.placement(name)).as_dict())
 
 
 def collect_phase(plan: PhasePlan, status: str, codes: list[int | None], elapsed: float) -> PhaseResult:
