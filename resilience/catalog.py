@@ -45,6 +45,8 @@ def _describe_allowed(allowed) -> str:
         return "a file name or glob"
     if allowed is int:
         return "an integer >= 1"
+    if allowed is object:  # a number, a word or a fraction: the fault's own check says which
+        return "a value the fault checks (see its description)"
     return " | ".join(map(str, allowed))
 
 
