@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .harness import RankError
-from .scenario import VerdictKind
-from .verify import Divergence, Verdict
+from .verify import Divergence, Verdict, worst
 
 
 @dataclass(frozen=True)
@@ -76,17 +75,9 @@ def judge_logs(reference: dict[int, float], first_run: list[RankLog], restart: l
         if reached < final_step:
             silent.append(f"the restarted job ended at step {reached} without an error; "
                           f"the uninterrupted run reached step {final_step}")
-    if silent:
-        kind = VerdictKind.SILENT
-    elif hung:
-        kind = VerdictKind.HANG
-    elif first_error:
-        kind = VerdictKind.LOUD
-    elif restart is None:
-        kind = VerdictKind.SILENT
+    if restart is None and not (silent or hung or first_error):
         silent.append("the job never restarted, so no restore was tested")
-    else:
-        kind = VerdictKind.RECOVERED
+    kind = worst(silent, hung, first_error)
     findings = silent + ([f"{hung} passed its deadline"] if hung else []) \
         + ([f"rank {first_error.rank} failed in {first_error.phase}: {first_error.summary()}"] if first_error else []) \
         + notes

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from .scenario import WorkloadSpec
 from .topology import Topology
-from .workload import ShuffledSampler, Workload, _digest, _flatten, _hidden_width, _lr_factor, synthetic_dataset
+from .workload import (ShuffledSampler, Workload, _digest, _flatten, _hidden_width, _lr_factor, sum_gradients,
+                       synthetic_dataset)
 
 # Three blocks of layers; a pipeline of pp stages holds them as STAGE_BLOCKS[pp][stage].
 STAGE_BLOCKS = {1: ((0, 1, 2),), 2: ((0, 1), (2,)), 3: ((0,), (1,), (2,))}
@@ -174,18 +175,11 @@ class TensorParallelMLP(Workload):
             local_loss = torch.zeros(1)
         if received is not None:
             dist.send(received.grad.contiguous(), dst=self.pipeline_ranks[stage - 1])
-        grads = [p.grad for p in self.model.parameters()]
-        flat = torch.cat([g.reshape(-1) for g in grads] + [local_loss])
-        if self.topology.dp > 1:
-            dist.all_reduce(flat, group=self.data_group)
-        offset = 0
-        for grad in grads:
-            grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
+        loss_value = sum_gradients(self.model.parameters(), local_loss, self.data_group,
+                                    reduce=self.topology.dp > 1)
         self.optimizer.step()
         self.scheduler.step()
         self._step += 1
-        loss_value = flat[-1:].clone()
         if stages > 1:  # the last stage computed the loss; every rank reports it
             dist.broadcast(loss_value, src=self.pipeline_ranks[-1], group=self.pipeline_group)
         return float(loss_value)

@@ -93,14 +93,7 @@ def judge(case: Case, reference: "PhaseResult", first_run: "PhaseResult", restar
                                   f"the reference continuation has {found.expected!r}")
                     break
 
-    if silent:
-        kind = VerdictKind.SILENT
-    elif hung:
-        kind = VerdictKind.HANG
-    elif first_error:
-        kind = VerdictKind.LOUD
-    else:
-        kind = VerdictKind.RECOVERED
+    kind = worst(silent, hung, first_error)
     hang_lines = next((list(p.hang_summary) for p in (first_run, restart, continuation)
                        if p is not None and p.name == hung), [])
     findings = silent + ([f"phase {hung} passed its {case.timeouts.phase_s:g} s deadline"] + hang_lines
@@ -109,6 +102,17 @@ def judge(case: Case, reference: "PhaseResult", first_run: "PhaseResult", restar
         + notes
     return Verdict(kind=kind, findings=tuple(findings), first_error=first_error, restored_step=restored_step,
                    complete_step=complete, divergence=divergence, hung_phase=hung, state_diff=tuple(state_diff))
+
+
+def worst(silent: list[str], hung: str | None, first_error: "RankError | None") -> VerdictKind:
+    """The verdict the findings add up to: SILENT > HANG > LOUD > RECOVERED."""
+    if silent:
+        return VerdictKind.SILENT
+    if hung:
+        return VerdictKind.HANG
+    if first_error:
+        return VerdictKind.LOUD
+    return VerdictKind.RECOVERED
 
 
 def _newest_complete_save(case: Case, first_run: "PhaseResult") -> int:

@@ -8,9 +8,8 @@ import argparse
 import sys
 from pathlib import Path
 
-import yaml
-
 from .checkpoint_verify import case_for, verify_checkpoint
+from .cli_options import parse_options
 from .errors import ResilienceError
 
 
@@ -26,16 +25,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-check", action="store_true",
                         help="also compare the evaluation loss with the one recorded at save time and run one step")
     parser.add_argument("--timeout", type=float, default=300.0, help="deadline for the whole check, seconds")
-
-
-def parse_options(pairs: list[str]) -> dict:
-    options = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ResilienceError(f"--option {pair!r}: expected KEY=VALUE, e.g. --option stagger=2")
-        options[key] = yaml.safe_load(value)
-    return options
 
 
 def main(args: argparse.Namespace) -> int:

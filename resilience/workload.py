@@ -195,17 +195,11 @@ class MLPWorkload(TrainableWorkload):
         self.optimizer.zero_grad(set_to_none=False)
         local_loss = ((self.model(inputs) - targets) ** 2).sum() / self.spec.global_batch
         local_loss.backward()
-        grads = [p.grad for p in self.model.parameters()]
-        flat = torch.cat([g.reshape(-1) for g in grads] + [local_loss.detach().reshape(1)])
-        dist.all_reduce(flat)
-        offset = 0
-        for grad in grads:
-            grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
+        loss = sum_gradients(self.model.parameters(), local_loss.detach().reshape(1))
         self.optimizer.step()
         self.scheduler.step()
         self._step += 1
-        return float(flat[-1])
+        return float(loss)
 
     def evaluation_loss(self, parameters: dict[str, torch.Tensor] | None = None) -> float:
         """The loss on a fixed evaluation batch (the first ``evaluation_examples`` examples, no noise)
@@ -285,6 +279,20 @@ def synthetic_dataset(seed: int, size: int, input_dim: int) -> tuple[torch.Tenso
     inputs = torch.randn(size, input_dim, generator=generator)
     teacher = torch.randn(input_dim, 1, generator=generator)
     return inputs, torch.tanh(inputs @ teacher)
+
+
+def sum_gradients(parameters, extra: torch.Tensor, group=None, reduce: bool = True) -> torch.Tensor:
+    """Sum every parameter's gradient and ``extra`` over ``group`` in one flat all-reduce (one
+    reduction order for all of them), write the sums back, and return the summed ``extra``."""
+    grads = [p.grad for p in parameters]
+    flat = torch.cat([g.reshape(-1) for g in grads] + [extra])
+    if reduce:
+        dist.all_reduce(flat, group=group)
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
+    return flat[offset:].clone()
 
 
 def _lr_factor(step: int) -> float:

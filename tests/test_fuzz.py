@@ -6,7 +6,7 @@ from hypothesis import settings
 
 from resilience.cli import main
 from resilience.fuzz.models import model_for, verdict
-from resilience.fuzz.search import Counterexample, process_property, run_fast, scenario_document
+from resilience.fuzz.search import process_property, run_fast, scenario_document
 from resilience.harness import Harness
 from resilience.loader import load_document
 from resilience.scenario import VerdictKind
@@ -46,7 +46,7 @@ def test_the_restore_model_agrees_with_the_real_strategy_on_the_shrunk_counterex
     save = Topology(tp=2, pp=1, dp=1, node_ids=(0,))
     restart = Topology(tp=2, pp=1, dp=1, node_ids=(0, 1))
     predicted, _ = verdict(save, restart, model_for(LOCAL_RANK_BUG))
-    document = scenario_document(LOCAL_RANK_BUG, {}, Counterexample(save, restart, False, predicted, ""))
+    document = scenario_document(LOCAL_RANK_BUG, {}, save, restart, False, "the shrunk counterexample")
     result = Harness(work_root=tmp_path).run(load_document(document, "tests/fuzz.scenario.yaml").cases[0])
     assert predicted is VerdictKind.SILENT and result.verdict.kind is VerdictKind.SILENT
 

@@ -3,28 +3,18 @@ from __future__ import annotations
 
 import argparse
 
-import yaml
 from hypothesis import settings
 
+from ..cli_options import parse_options
 from ..errors import ResilienceError
 from ..scenario import VerdictKind
 from .models import model_for
 from .search import Counterexample, process_property, run_fast, write_scenario
 
 
-def _options(pairs: list[str]) -> dict:
-    options = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ResilienceError(f"--option {pair!r}: expected KEY=VALUE, e.g. data_parallel_random_init=true")
-        options[key] = yaml.safe_load(value)
-    return options
-
-
 def fuzz_command(args: argparse.Namespace) -> int:
     try:
-        options = _options(args.option)
+        options = parse_options(args.option)
         storage = None if args.storage == "any" else args.storage
         if args.tier == "fast":
             factory = _factory(args.strategy, options)

@@ -165,21 +165,21 @@ def minimize(found: Counterexample, model_factory: Callable[[bool], RestoreModel
     return found
 
 
-def scenario_document(strategy: str, options: dict, found: Counterexample) -> dict:
-    """A scenario that replays a counterexample with real ranks: save at ``found.save``, a rank
-    killed after the step-4 checkpoint, restart at ``found.restart``."""
+def scenario_document(strategy: str, options: dict, save: Topology, restart: Topology, distinct_streams: bool,
+                      description: str) -> dict:
+    """A scenario that runs a save/restart pair with real ranks: save at ``save``, a rank killed
+    after the step-4 checkpoint, restart at ``restart``."""
     def section(topology: Topology, with_storage: bool) -> dict:
         doc = {"tp": topology.tp, "pp": topology.pp, "nodes": topology.nodes, "node_ids": list(topology.node_ids)}
         return {**doc, "storage": topology.storage} if with_storage else doc
 
-    save, restart = found.save, found.restart
     return {
         "name": f"fuzzed topology change for {strategy}",
-        "description": f"Found by resilience fuzz: {found}",
+        "description": description,
         "strategy": {"name": strategy, "options": dict(options)} if options else strategy,
         "workload": {"model": "tp_mlp", "world_size": save.world_size, "steps": 8, "checkpoint_every": 4,
                      "seed": 0, "global_batch": GLOBAL_BATCH,
-                     "rank_rng": "distinct" if found.distinct_streams else "same"},
+                     "rank_rng": "distinct" if distinct_streams else "same"},
         "topology": section(save, True),
         "fault": {"kind": "kill", "rank": save.world_size - 1, "step": 6, "phase": "train"},
         "restart": {"world_size": restart.world_size, "topology": section(restart, False)},
@@ -191,7 +191,9 @@ def scenario_document(strategy: str, options: dict, found: Counterexample) -> di
 def write_scenario(directory: Path, strategy: str, options: dict, found: Counterexample) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"fuzz_{strategy.replace(':', '_').replace('.', '_')}.scenario.yaml"
-    path.write_text(yaml.safe_dump(scenario_document(strategy, options, found), sort_keys=False))
+    document = scenario_document(strategy, options, found.save, found.restart, found.distinct_streams,
+                                 f"Found by resilience fuzz: {found}")
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path
 
 
@@ -205,8 +207,9 @@ def process_property(strategy: str, options: dict, model_factory: Callable[[bool
     @given(topologies(storage, max_world, spare_nodes=False), topologies(storage, max_world), st.booleans())
     def check(save, restart, distinct):
         predicted = verdict(save, restart, model_factory(distinct))[0] if model_factory else None
-        probe = Counterexample(save, restart, distinct, predicted or VerdictKind.RECOVERED, "")
-        got = run_case(scenario_document(strategy, options, probe))
+        got = run_case(scenario_document(strategy, options, save, restart, distinct,
+                                         f"resilience fuzz probe: saved at {save.describe()}, restored at "
+                                         f"{restart.describe()}"))
         if predicted is not None:
             assert got == predicted, f"the restore model predicted {predicted.value}, the real run gave {got.value}"
         if got not in ALLOWED:
