@@ -1,7 +1,8 @@
 """`python -m resilience run PATH... [--case ID]`: run scenario files outside pytest and print verdicts.
 `qualify` writes a qualification report, `verify` checks an existing checkpoint, `list` shows the
 plug-ins, `torchrun` and `blackbox` run under torchrun, `explore` runs crash-state exploration,
-`fuzz` searches save/restart topologies."""
+`fuzz` searches save/restart topologies, `planted` measures caught / planted over deliberately broken
+strategies."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from . import plugins
 from .backend import BACKENDS, DEFAULT_BACKEND
+from .blackbox_cli import add_blackbox_command, blackbox_main
 from .errors import ResilienceError, Unavailable
 from .explore import PROFILES
 from .harness import Harness
@@ -18,7 +20,6 @@ from .loader import is_scenario_file, load_file
 from .outcome import judge_case
 from .reference_cache import ReferenceCache, default_cache_dir
 from .report import render, verdict_line
-from .blackbox_cli import add_blackbox_command, blackbox_main
 from .torchrun_cli import add_torchrun_command, torchrun_main
 
 
@@ -37,6 +38,11 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """What `run` and `explore` both take: the files, the case, where and how ranks run."""
     parser.add_argument("paths", nargs="+")
     parser.add_argument("--case", help="run only the case with this id (as printed in reports)")
+    _add_harness_arguments(parser)
+
+
+def _add_harness_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where case work directories go and how ranks run."""
     parser.add_argument("--keep", action="store_true", help="keep each case's work directory")
     parser.add_argument("--workdir", type=Path, help="where case work directories go")
     parser.add_argument("--backend", choices=sorted(BACKENDS), default=DEFAULT_BACKEND,
@@ -78,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     listing.add_argument("what", choices=sorted(catalog.KINDS))
     verify_cli.add_arguments(sub.add_parser("verify", help="load an existing checkpoint in real ranks and check it",
                                             description=verify_cli.__doc__))
+    from .planted import command as planted
+    planted_parser = sub.add_parser("planted", help="run the planted-bug catalogue (or bugs of your own) and print "
+                                                    "caught / planted", description=planted.__doc__)
+    _add_harness_arguments(planted_parser)
+    planted.add_arguments(planted_parser)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command == "qualify":
@@ -100,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     harness = Harness(backend=BACKENDS[args.backend](), work_root=args.workdir, keep=args.keep, cache=cache,
                       explore_profile=getattr(args, "profile", None),
                       explore_restores=getattr(args, "max_restores", None))
+    if args.command == "planted":
+        return planted.main(args, harness)
     failures = 0
     for path in _scenario_files(args.paths):
         try:

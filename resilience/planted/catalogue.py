@@ -1,0 +1,146 @@
+"""Which case catches which planted bug.
+
+A *catcher* is a scenario (everything but the strategy) and the verdicts any correct strategy may
+give in it. Running a strategy in a catcher *catches* it when its verdict is not one of those (SILENT
+and HANG never are), and says nothing when the fault never fired (the strategy's files did not
+match what the fault looks for). Each planted bug names its catcher and a *control*: a correct
+strategy of the same shape, which the same catcher must accept, so that a catch means the bug and
+not a case that fails everything.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..scenario import VerdictKind
+
+PLANTED = "resilience.planted.strategies:"
+RECOVERED, LOUD = VerdictKind.RECOVERED, VerdictKind.LOUD
+TWO_RANKS = {"model": "mlp", "world_size": 2, "steps": 12, "checkpoint_every": 4, "seed": 0}
+
+
+@dataclass(frozen=True)
+class Catcher:
+    name: str
+    summary: str
+    document: Mapping[str, Any] = field(hash=False)  # a scenario document without strategy and expect
+    accepts: frozenset[VerdictKind]  # what a correct strategy may give here
+    fallback_ok: bool = False  # damage at rest: restoring an older checkpoint is right
+
+    def scenario(self, strategy: Any, label: str) -> dict:
+        """The scenario document of this catcher run with ``strategy`` (a name or a mapping)."""
+        outcome = "fails_loudly" if LOUD in self.accepts else "recovers"
+        return {**self.document, "name": f"{label} in {self.name}", "description": self.summary,
+                "strategy": strategy, "expect": {"outcome": outcome, "fallback_ok": self.fallback_ok}}
+
+
+@dataclass(frozen=True)
+class PlantedBug:
+    name: str
+    failure_mode: str  # the real failure it models
+    strategy: str  # package.module:Class
+    catcher: str  # a Catcher's name
+    control: Any  # the correct twin: a strategy name, target or {name, options}
+
+
+# Cheapest first: a strategy under audit meets them in this order.
+CATCHERS: tuple[Catcher, ...] = (
+    Catcher("kill_in_training", "rank 1 SIGKILLed at step 10 (checkpoints at 4 and 8), per-rank RNG "
+            "streams: the restart must resume from step 8 with every rank's own state",
+            {"workload": {**TWO_RANKS, "rank_rng": "distinct"},
+             "fault": {"kind": "kill", "rank": 1, "step": 10, "phase": "train"},
+             "timeouts": {"phase": 30}},
+            frozenset({RECOVERED})),
+    Catcher("two_nodes", "4 ranks on 2 nodes (shared storage), per-rank RNG streams, rank 1 killed at "
+            "step 6: local and global ranks differ on node 1",
+            {"workload": {**TWO_RANKS, "world_size": 4, "steps": 8, "rank_rng": "distinct"},
+             "topology": {"nodes": 2},
+             "fault": {"kind": "kill", "rank": 1, "step": 6, "phase": "train"},
+             "timeouts": {"phase": 30}},
+            frozenset({RECOVERED, LOUD})),
+    Catcher("fewer_ranks", "saved by 4 ranks, rank 3 killed at step 6, restarted on 2: the state must "
+            "be resharded whole or refused",
+            {"workload": {**TWO_RANKS, "world_size": 4, "steps": 8},
+             "fault": {"kind": "kill", "rank": 3, "step": 6, "phase": "train"},
+             "restart": {"world_size": 2}, "timeouts": {"phase": 30}},
+            frozenset({RECOVERED, LOUD})),
+    Catcher("torn_write", "rank 1 SIGKILLed 4 KiB into the first file it writes in the step-8 save",
+            {"workload": TWO_RANKS,
+             "fault": {"kind": "kill", "rank": 1, "step": 8, "point": "write", "after_bytes": 4096},
+             "timeouts": {"phase": 30}},
+            frozenset({RECOVERED, LOUD})),
+    Catcher("disk_full", "ENOSPC 8 KiB into rank 1's first file of the step-8 save, the last step: the "
+            "save must fail, or nothing may claim step 8 saved",
+            {"workload": {**TWO_RANKS, "steps": 8},
+             "fault": {"kind": "disk_full", "via": "quota", "rank": 1, "step": 8, "point": "write",
+                       "after_bytes": 8192},
+             "timeouts": {"phase": 30}},
+            frozenset({RECOVERED, LOUD})),
+    Catcher("newer_version", "after the step-8 save every file claims a format newer than the reader "
+            "knows: a correct reader refuses it",
+            {"workload": TWO_RANKS, "fault": {"kind": "version_mismatch", "rank": 0, "step": 8,
+                                              "version": "newer"},
+             "timeouts": {"phase": 30}},
+            frozenset({LOUD})),
+    Catcher("foreign_shard", "after the step-8 save, rank 0's per-rank file is copied over rank 1's "
+            "(per-rank RNG streams, so the two differ)",
+            {"workload": {**TWO_RANKS, "rank_rng": "distinct"},
+             "fault": {"kind": "duplicate_file", "rank": 1, "step": 8, "file": "step_00000008/*rank_1*",
+                       "source": "step_00000008/*rank_0*"},
+             "timeouts": {"phase": 30}},
+            frozenset({RECOVERED, LOUD}), fallback_ok=True),
+    Catcher("stale_pointer", "after the step-8 save the `latest` pointer is set back to step 4 (an "
+            "update that never reached the disk); step 8 is complete on disk",
+            {"workload": TWO_RANKS,
+             "fault": {"kind": "stale_pointer", "rank": 0, "step": 8, "file": "latest", "points_to": "older"},
+             "timeouts": {"phase": 30}},
+            frozenset({RECOVERED, LOUD})),
+    Catcher("power_loss", "power cut at any instant of the step-8 save (crash states explored and "
+            "restored by real ranks)",
+            {"workload": TWO_RANKS, "fault": {"kind": "power_loss", "step": 8},
+             "timeouts": {"phase": 60}},
+            frozenset({RECOVERED, LOUD})),
+)
+
+PER_RANK, RANK_ZERO = "torch.per_rank", "torch.rank0"
+
+BUGS: tuple[PlantedBug, ...] = (
+    PlantedBug("optimizer_not_restored", "optimizer state not restored (a model-only load)",
+               PLANTED + "ForgetsOptimizer", "kill_in_training", PER_RANK),
+    PlantedBug("rank0_stream_everywhere", "RNG not restored per rank: every rank gets rank 0's stream",
+               PLANTED + "RankZeroFileEverywhere", "kill_in_training", PER_RANK),
+    PlantedBug("data_position_not_restored", "data loader position not restored: the epoch starts again",
+               PLANTED + "ForgetsDataPosition", "kill_in_training", PER_RANK),
+    PlantedBug("async_snapshot_after_return", "an async save that snapshots after returning: tensors "
+               "mutated by the next steps", PLANTED + "SnapshotsAfterReturning", "kill_in_training", PER_RANK),
+    PlantedBug("missing_keys_ignored", "missing keys silently ignored (strict=False, DDP's module. "
+               "prefix)", PLANTED + "IgnoresMissingKeys", "kill_in_training", PER_RANK),
+    PlantedBug("loads_oldest", "the oldest checkpoint restored (a sort in the wrong direction)",
+               PLANTED + "LoadsOldest", "kill_in_training", PER_RANK),
+    PlantedBug("save_consumes_randomness", "a save that draws from the training RNG",
+               PLANTED + "SaveConsumesRandomness", "kill_in_training", PER_RANK),
+    PlantedBug("loads_by_local_rank", "shards loaded by local rank instead of global rank",
+               PLANTED + "LoadsByLocalRank", "two_nodes", PER_RANK),
+    PlantedBug("reshard_zero_fill", "resharding that zero-fills part of a tensor",
+               PLANTED + "ZeroFillReshard", "fewer_ranks", RANK_ZERO),
+    PlantedBug("torn_write_accepted", "a torn write accepted (the load error swallowed, the job "
+               "starts over claiming success)", PLANTED + "IgnoresTornSave", "torn_write", PER_RANK),
+    PlantedBug("stale_lock_wait", "a restore that waits forever for a lock the killed writer left",
+               PLANTED + "WaitsOnStaleLock", "torn_write", PER_RANK),
+    PlantedBug("enospc_swallowed", "a save that swallows ENOSPC and reports the step saved",
+               PLANTED + "SwallowsEnospc", "disk_full", PLANTED + "AtomicFallbackSave"),
+    PlantedBug("version_stamp_ignored", "a version stamp ignored (only older formats refused)",
+               PLANTED + "IgnoresNewerVersion", "newer_version",
+               {"name": PER_RANK, "options": {"check_version": True}}),
+    PlantedBug("foreign_shard_accepted", "a shard written by another rank accepted",
+               PLANTED + "AcceptsForeignShard", "foreign_shard", PLANTED + "RankStampedPerRank"),
+    PlantedBug("stale_pointer_followed", "a stale `latest` pointer followed past a complete checkpoint",
+               PLANTED + "FollowsStalePointer", "stale_pointer", PLANTED + "DurableShardsThenPointer"),
+    PlantedBug("pointer_before_durable_shards", "the pointer made durable before the shards it names",
+               PLANTED + "PointerBeforeDurableShards", "power_loss", PLANTED + "DurableShardsThenPointer"),
+)
+
+
+def catcher(name: str) -> Catcher:
+    return next(c for c in CATCHERS if c.name == name)
