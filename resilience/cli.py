@@ -1,7 +1,7 @@
 """`python -m resilience run PATH... [--case ID]`: run scenario files outside pytest and print verdicts.
 `qualify` writes a qualification report, `verify` checks an existing checkpoint, `list` shows the
 plug-ins, `torchrun` and `blackbox` run under torchrun, `explore` runs crash-state exploration,
-`fuzz` searches save/restart topologies, `planted` measures caught / planted over deliberately broken
+`fuzz` searches save/restart topologies, `repeat` reruns cases to find flaky verdicts, `planted` measures caught / planted over deliberately broken
 strategies."""
 from __future__ import annotations
 
@@ -32,6 +32,18 @@ def _scenario_files(paths: list[str]) -> list[Path]:
         else:
             files.append(path)
     return files
+
+
+def _load_cases(paths: list[str]) -> list | None:
+    """Every case of the files, or None (each problem printed) when a file does not load."""
+    cases, broken = [], False
+    for path in _scenario_files(paths):
+        try:
+            cases.extend(load_file(path).cases)
+        except ResilienceError as exc:
+            print(f"ERROR {exc}", flush=True)
+            broken = True
+    return None if broken else cases
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
                                                     "caught / planted", description=planted.__doc__)
     _add_harness_arguments(planted_parser)
     planted.add_arguments(planted_parser)
+    from . import repeat
+    repeat_parser = sub.add_parser("repeat", help="run every case K times over and report any whose verdict "
+                                                  "changed", description=repeat.__doc__)
+    _add_run_arguments(repeat_parser)
+    repeat.add_arguments(repeat_parser)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command == "qualify":
@@ -113,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                       explore_restores=getattr(args, "max_restores", None))
     if args.command == "planted":
         return planted.main(args, harness)
+    if args.command == "repeat":
+        cases = _load_cases(args.paths)
+        return 1 if cases is None else repeat.main(args, harness, repeat.select(cases, args.case, args.tier))
     failures = 0
     for path in _scenario_files(args.paths):
         try:
