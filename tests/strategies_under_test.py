@@ -9,7 +9,13 @@ import torch
 import torch.distributed as dist
 
 from resilience.strategies.base import CheckpointStrategy
-from resilience.strategies.torch_native import PerRankSave, newest_step_dir, step_dir
+from resilience.strategies.torch_native import (
+    CHECK_LOSS_KEY,
+    STAMP_KEY,
+    PerRankSave,
+    newest_step_dir,
+    step_dir,
+)
 
 
 class ForgetsOptimizer(PerRankSave):
@@ -50,6 +56,17 @@ class LoadsOldest(PerRankSave):
         path = directories[0] / f"ckpt_rank_{self.context.rank}.pt"
         workload.load_state_dict(torch.load(path, weights_only=True))
         dist.barrier()
+
+
+class UnpicklesInFull(PerRankSave):
+    """Loads its files with ``torch.load(weights_only=False)``, as DeepSpeed does: a checkpoint file
+    can run code in the rank that loads it."""
+
+    def restore_from(self, path, workload):
+        state = torch.load(path, weights_only=False)
+        state.pop(STAMP_KEY, None)
+        state.pop(CHECK_LOSS_KEY, None)
+        workload.load_state_dict(state)
 
 
 class SaveConsumesRandomness(PerRankSave):
