@@ -130,11 +130,13 @@ class MaliciousPickle(DamageAfterSave):
         record = env.case_dir / CANARY_DIR / RECORD
         if not record.exists():  # the fault never fired: the outcome says so
             return ()
+        restart = next((phase for phase in phases if phase.name == RESTART), None)
+        after = ", and the job went on" if restart is not None and restart.status == "completed" else ""
         found = []
         for carrier in json.loads(record.read_text()):
             canary = env.case_dir / carrier["canary"]
             if canary.exists():
                 found.append(f"{carrier['file']}: its pickle ran the payload planted in it ({carrier['canary']} "
                              f"created) during {when(canary.stat().st_mtime, phases)}: a checkpoint file "
-                             f"executed code in the job")
+                             f"executed code in the job{after}")
         return tuple(found)
