@@ -190,9 +190,10 @@ class Harness:
                     phases.append(self._phase(plan.make(CONTINUATION, case.restart.world_size, "snapshot",
                                                         snapshot_dir=snapshots, snapshot_step=step,
                                                         topology=case.restart.placement), case))
+            found = fault.findings(env, tuple(phases))
         finally:
             fault.teardown(env)
-        verdict = judge(case, *phases)
+        verdict = judge(case, *phases, fault_findings=found)
         return CaseResult(case=case, verdict=verdict, phases=tuple(phases), work_dir=work_dir)
 
     def _reference(self, case: Case, plan: "_Planner") -> tuple[PhaseResult, Path | None]:

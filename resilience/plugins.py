@@ -33,6 +33,7 @@ FAULTS = {
     "missing_file": "resilience.faults.corruption:MissingFile",
     "duplicate_file": "resilience.faults.corruption:DuplicateFile",
     "stale_pointer": "resilience.faults.corruption:StalePointer",
+    "malicious_pickle": "resilience.faults.hostile:MaliciousPickle",
     "read_error": "resilience.faults.storage:ReadError",
     "slow_read": "resilience.faults.storage:SlowRead",
     "read_only": "resilience.faults.storage:ReadOnly",

@@ -174,11 +174,12 @@ class _Driver:
                 hang = self._launch(launch)
                 if hang or not self._needs_resume():
                     break
+            phases = self._phases(hang)
+            found = fault.findings(env, tuple(phases))
         finally:
             fault.teardown(env)
-        phases = self._phases(hang)
-        return CaseResult(case=self.case, verdict=judge(self.case, *phases[:3]), phases=tuple(phases),
-                          work_dir=self.layout.case_dir)
+        return CaseResult(case=self.case, verdict=judge(self.case, *phases[:3], fault_findings=found),
+                          phases=tuple(phases), work_dir=self.layout.case_dir)
 
     # -- before the launch ------------------------------------------------------------------------
     def _prepare(self) -> None:

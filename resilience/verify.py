@@ -36,8 +36,9 @@ class Verdict:
 
 
 def judge(case: Case, reference: "PhaseResult", first_run: "PhaseResult", restart: "PhaseResult",
-          continuation: "PhaseResult | None" = None) -> Verdict:
-    silent: list[str] = []
+          continuation: "PhaseResult | None" = None, fault_findings: tuple[str, ...] = ()) -> Verdict:
+    """``fault_findings``: what the fault itself found (`Fault.findings`), each one SILENT."""
+    silent: list[str] = list(fault_findings)
     notes: list[str] = []
     divergence: Divergence | None = None
     state_diff: list[str] = []

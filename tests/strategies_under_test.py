@@ -17,6 +17,7 @@ from resilience.planted.strategies import (  # noqa: F401 -- re-exported for the
     PointerBeforeDurableShards,
     RankZeroFileEverywhere,
     SaveConsumesRandomness,
+    UnpicklesInFull,
 )
 from resilience.strategies.base import CheckpointStrategy
 from resilience.strategies.torch_native import PerRankSave, step_dir

@@ -5,11 +5,14 @@ import os
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from ..errors import Unavailable
 from ..interception import InterceptedFile
 from ..scenario import Case, FaultSpec, Trigger
+
+if TYPE_CHECKING:
+    from ..harness import PhaseResult
 
 
 class FaultUnavailable(Unavailable):
@@ -86,8 +89,9 @@ class Fault:
 
     Call order.
     Harness process: ``setup(env)`` before the first run; ``heal(env)`` after the first run ended
-    (the operator's repair, e.g. freeing disk space), before the restart; ``teardown(env)`` always,
-    last, even when an earlier call raised.
+    (the operator's repair, e.g. freeing disk space), before the restart; ``findings(env, phases)``
+    once the last phase ended (before the verdict); ``teardown(env)`` always, last, even when an
+    earlier call raised.
     Rank processes of the first run (every rank; the fault checks its trigger's rank itself):
     ``arm(env)`` once, before the strategy exists; ``attach(strategy)`` once, right after it
     exists (before ``prepare``); ``at(phase, step)`` when the rank enters a train
@@ -159,6 +163,12 @@ class Fault:
 
     def teardown(self, env: CaseEnvironment) -> None:
         pass
+
+    def findings(self, env: CaseEnvironment, phases: tuple[PhaseResult, ...]) -> tuple[str, ...]:
+        """What the fault itself saw go wrong that the ranks' events cannot show (a checkpoint file
+        that ran code when loaded): each finding makes the verdict SILENT. Called once every phase
+        ended, before the verdict and before ``teardown``."""
+        return ()
 
     def supervise(self, events: list[dict], ranks: list) -> None:
         """Only if ``supervises``: called repeatedly while the first run goes on, with every event

@@ -90,6 +90,12 @@ CATCHERS: tuple[Catcher, ...] = (
                        "source": "step_00000008/*rank_0*"},
              "timeouts": {"phase": 30}},
             frozenset({RECOVERED, LOUD}), fallback_ok=True),
+    Catcher("hostile_pickle", "after the step-8 save, rank 1's per-rank file is rewritten to run a "
+            "payload when unpickled (same state otherwise): the payload must never run",
+            {"workload": TWO_RANKS,
+             "fault": {"kind": "malicious_pickle", "rank": 1, "step": 8, "file": "step_00000008/*rank_1*"},
+             "timeouts": {"phase": 30}},
+            frozenset({RECOVERED, LOUD}), fallback_ok=True),
     Catcher("stale_pointer", "after the step-8 save the `latest` pointer is set back to step 4 (an "
             "update that never reached the disk); step 8 is complete on disk",
             {"workload": TWO_RANKS,
@@ -135,6 +141,8 @@ BUGS: tuple[PlantedBug, ...] = (
                {"name": PER_RANK, "options": {"check_version": True}}),
     PlantedBug("foreign_shard_accepted", "a shard written by another rank accepted",
                PLANTED + "AcceptsForeignShard", "foreign_shard", PLANTED + "RankStampedPerRank"),
+    PlantedBug("pickle_loaded_in_full", "a checkpoint loaded with full unpickling (weights_only=False)",
+               PLANTED + "UnpicklesInFull", "hostile_pickle", PER_RANK),
     PlantedBug("stale_pointer_followed", "a stale `latest` pointer followed past a complete checkpoint",
                PLANTED + "FollowsStalePointer", "stale_pointer", PLANTED + "DurableShardsThenPointer"),
     PlantedBug("pointer_before_durable_shards", "the pointer made durable before the shards it names",

@@ -363,6 +363,17 @@ class AcceptsForeignShard(RankStampedPerRank):
         pass  # the bug: the recorded owner is never compared with this rank
 
 
+class UnpicklesInFull(PerRankSave):
+    """Loads its files with ``torch.load(weights_only=False)`` (what older code and DeepSpeed do): a
+    checkpoint file from a shared bucket or a model hub runs code in the rank that loads it."""
+
+    def restore_from(self, path: Path, workload: Workload) -> None:
+        state = torch.load(path, weights_only=False)  # the bug: full unpickling
+        for key in (STAMP_KEY, CHECK_LOSS_KEY):
+            state.pop(key, None)
+        workload.load_state_dict(state)
+
+
 class WaitsOnStaleLock(PerRankSave):
     """Each rank holds ``step_N/.lock_rank_<r>`` while it writes, and restore waits until the newest
     step directory holds no lock (so it never reads a file being written). A rank killed mid-write

@@ -39,6 +39,24 @@ def deepspeed_version() -> str | None:
         return None
 
 
+def checkpoint_classes() -> list[type]:
+    """The classes DeepSpeed pickles into its ZeRO-1/2/3 checkpoint files besides tensors and
+    containers (``torch.serialization.get_unsafe_globals_in_checkpoint`` on each of them):
+    allowed by name, so its files load with ``weights_only=True`` and nothing else in them runs."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, ZeroStageEnum, fragment_address]
+
+
+def load_weights_only(path) -> Any:
+    """One of DeepSpeed's checkpoint files, read by our own code without full unpickling (DeepSpeed's
+    own ``load_checkpoint`` unpickles in full: ``TorchCheckpointEngine.load``)."""
+    with torch.serialization.safe_globals(checkpoint_classes()):
+        return torch.load(path, weights_only=True)
+
+
 def without_shared_memory_comm_op() -> None:
     """Keep DeepSpeed from JIT-compiling its CPU shared-memory all-reduce op at engine start.
 
@@ -270,7 +288,7 @@ class ZeroCheckpoint(CheckpointStrategy):
         for path in sorted((root / f"global_step{step}").glob("*.pt")):
             if not (f"zero_pp_rank_{rank}_" in path.name or (rank == 0 and path.name.startswith("mp_rank_"))):
                 continue
-            state = torch.load(path, weights_only=False)  # DeepSpeed's own pickles, as it loads them
+            state = load_weights_only(path)
             for holder in (state, *(v for v in state.values() if isinstance(v, dict))):
                 if "ds_version" in holder:
                     holder["ds_version"] = self.CLAIMED_DS_VERSIONS[claim]
