@@ -27,6 +27,11 @@ class PluginError(ResilienceError):
     """A strategy, fault or workload name that cannot be resolved to a plug-in class."""
 
 
+class PathEscape(ResilienceError):
+    """A path a scenario named resolves outside the directory it must stay in (a symlink pointing
+    out, say): the framework refuses to touch it."""
+
+
 class HarnessError(ResilienceError):
     """The harness itself could not run a case (not a verdict about the system under test)."""
 

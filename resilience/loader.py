@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from . import plugins
+from .confined import RELATIVE_GLOB, relative_glob_problem
 from .errors import PluginError, ScenarioError
 from .scenario import (Case, Expect, FaultSpec, KnownIssue, Outcome, RestartSpec, Scenario,
                        StrategySpec, Timeouts, Trigger, VerdictKind, WorkloadSpec)
@@ -39,6 +40,14 @@ MAX_WORLD_SIZE = 64
 SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*([a-zA-Z]*)\s*$")
 DEFAULT_TIMEOUTS = {"collective": 60.0, "phase": 180.0}
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week; far longer overflows the process group's timedelta
+# A scenario is a few KiB (the largest shipped one is about 5 KiB, 350 nodes deep 7). Beyond these, a
+# file is refused before anything expands it: aliases make a small file a huge document (billion
+# laughs), and the matrix multiplies it into cases.
+MAX_FILE_BYTES = 128 << 10
+MAX_NODES = 20_000  # YAML nodes, every alias counted as the whole value it repeats
+MAX_DEPTH = 40
+MAX_CASES = 1_000
 SHORT_FORMS = {"strategy": "name", "expect": "outcome", "fault": "kind"}  # `strategy: x` = `strategy: {name: x}`
 
 
@@ -85,15 +94,26 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _c
 def load_file(path: Path | str) -> Scenario:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as file:
+            data = file.read(MAX_FILE_BYTES + 1)  # no more than that: /dev/zero ends here too
+        _check_length(len(data), str(path))
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ScenarioError(str(path), "", f"cannot read the file: {exc}") from None
     return load_text(text, str(path))
 
 
+def _check_length(length: int, source: str) -> None:
+    if length > MAX_FILE_BYTES:
+        raise ScenarioError(source, "", f"larger than {MAX_FILE_BYTES >> 10} KiB; a scenario is a few KiB")
+
+
 def load_text(text: str, source: str) -> Scenario:
+    _check_length(len(text), source)
     try:
-        document = yaml.load(text, Loader=_StrictLoader)
+        document = _safe_load(text, source)
+    except ScenarioError:
+        raise
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -104,6 +124,38 @@ def load_text(text: str, source: str) -> Scenario:
     except Exception as exc:  # PyYAML's constructors raise ValueError & co. for e.g. `2001-13-45`, `!!int x`
         raise ScenarioError(source, "", f"invalid YAML value: {type(exc).__name__}: {exc}") from None
     return load_document(document, source)
+
+
+def _safe_load(text: str, source: str) -> Any:
+    """Safe YAML (no tags that build objects), refused when it expands past MAX_NODES or MAX_DEPTH."""
+    loader = _StrictLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None
+        problem = _size_problem(root)
+        if problem:
+            raise ScenarioError(source, "", problem)
+        return loader.construct_document(root)
+    finally:
+        loader.dispose()
+
+
+def _size_problem(root: yaml.Node) -> str | None:
+    """Walks the node graph as the document will be (aliases expanded), stopping at the limits."""
+    pending, count = [(root, 1)], 0
+    while pending:
+        node, depth = pending.pop()
+        count += 1
+        if count > MAX_NODES:
+            return f"the document expands to more than {MAX_NODES} values (aliases count once per use)"
+        if depth > MAX_DEPTH:
+            return f"the document nests deeper than {MAX_DEPTH} levels"
+        if isinstance(node, yaml.SequenceNode):
+            pending.extend((child, depth + 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            pending.extend((child, depth + 1) for pair in node.value for child in pair)
+    return None
 
 
 def load_document(document: Any, source: str) -> Scenario:
@@ -188,6 +240,9 @@ def _expand_matrix(source: str, matrix: Any) -> list[tuple[str, list[tuple[str, 
             if not isinstance(values, list) or not values:
                 raise ScenarioError(source, f"matrix.{key_path}", "must be a non-empty list of values", values)
             axes.append([(key_path, value) for value in values])
+        count = math.prod(len(axis) for axis in axes)
+        if count > MAX_CASES:
+            raise ScenarioError(source, "matrix", f"expands to {count} cases", None, f"at most {MAX_CASES}")
         combos = [list(combo) for combo in itertools.product(*axes)]
     elif isinstance(matrix, list):
         if not matrix:
@@ -300,15 +355,18 @@ class _Validator:
             raise self.error(key, "out of range", value, allowed or _range(low, high))
         return value
 
-    def number(self, key: str, value: Any, low: float) -> float:
+    def number(self, key: str, value: Any, low: float, high: float = math.inf) -> float:
+        allowed = f"a number > {low}" + (f" and <= {high:g}" if high < math.inf else "")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self.error(key, f"must be a finite number > {low}", value)
+            raise self.error(key, f"must be a finite number > {low}", value, allowed)
         try:
             number = float(value)
         except OverflowError:
             number = math.inf
         if not low < number < math.inf:  # also rejects nan; timedelta(seconds=inf) fails in the ranks
-            raise self.error(key, f"must be a finite number > {low}", value)
+            raise self.error(key, f"must be a finite number > {low}", value, allowed)
+        if number > high:
+            raise self.error(key, "out of range", value, allowed)
         return number
 
     def plain(self, key: str, value: Any) -> Any:
@@ -320,6 +378,16 @@ class _Validator:
         if not same:
             raise self.error(key, "must hold only JSON values (strings, numbers, booleans, null, lists, "
                                   "mappings with string keys)", value)
+        return value
+
+    def relative_glob(self, key: str, value: Any) -> str:
+        """A pattern of files under the checkpoint directory: never a way out of it."""
+        if not isinstance(value, str) or not value.strip():
+            raise self.error(key, "must be a non-empty string", value, RELATIVE_GLOB)
+        problem = relative_glob_problem(value)
+        if problem:
+            raise self.error(key, f"must stay inside the checkpoint directory; this pattern {problem}", value,
+                             RELATIVE_GLOB)
         return value
 
     def choice(self, key: str, value: Any, allowed: tuple[str, ...]) -> str:
@@ -404,11 +472,9 @@ class _Validator:
                 params[key] = self.number(f"fault.{key}", value, 0)
             elif allowed is object:  # any JSON value or absent (None); the fault's check() validates it
                 params[key] = self.plain(f"fault.{key}", doc.get(key, default))
-            elif allowed is str:  # an optional glob or name
+            elif allowed is str:  # an optional glob or name, of files under the checkpoint directory
                 value = doc.get(key, default)
-                if value is not None and (not isinstance(value, str) or not value.strip()):
-                    raise self.error(f"fault.{key}", "must be a non-empty string", value, "a file name or glob")
-                params[key] = value
+                params[key] = value if value is None else self.relative_glob(f"fault.{key}", value)
             else:
                 params[key] = self.choice(f"fault.{key}", doc.get(key, default), allowed)
         trigger = self.trigger(doc, workload, cls) if cls.needs_trigger else None
@@ -445,9 +511,7 @@ class _Validator:
         if after_bytes is not None and point not in cls.byte_points:
             raise self.error("fault.after_bytes", f"has no meaning at point {point!r}", after_bytes,
                              f"points {', '.join(cls.byte_points)}")
-        file = doc.get("file", "*")
-        if not isinstance(file, str) or not file or file.startswith("/") or ".." in file.split("/"):
-            raise self.error("fault.file", "must be a glob relative to the checkpoint directory", file)
+        file = self.relative_glob("fault.file", doc.get("file", "*"))
         return Trigger(rank=rank, step=step, phase=phase, point=point, file=file, after_bytes=after_bytes)
 
     def topology(self, key: str, value: Any, world_size: int, workload: WorkloadSpec,
@@ -513,7 +577,7 @@ class _Validator:
             raise self.error("restart.rank_map", "a permuted rank map needs the same world size at restart",
                              rank_map, "identity")
         python, packages = doc.get("python"), doc.get("packages", [])
-        if python is not None and (not isinstance(python, str) or not python.strip()):
+        if python is not None and (not isinstance(python, str) or not python.strip() or "\0" in python):
             raise self.error("restart.python", "must be the path of a Python interpreter", python,
                              "a path such as /opt/venv-old/bin/python")
         if not isinstance(packages, list) or not all(isinstance(r, str) and REQUIREMENT.match(r) for r in packages):
@@ -569,8 +633,8 @@ class _Validator:
     def timeouts(self, value: Any) -> Timeouts:
         doc = self.mapping("timeouts", value, TIMEOUT_KEYS)
         merged = {**DEFAULT_TIMEOUTS, **doc}
-        collective = self.number("timeouts.collective", merged["collective"], 0)
-        phase = self.number("timeouts.phase", merged["phase"], 0)
+        collective = self.number("timeouts.collective", merged["collective"], 0, MAX_TIMEOUT_S)
+        phase = self.number("timeouts.phase", merged["phase"], 0, MAX_TIMEOUT_S)
         return Timeouts(collective_s=collective, phase_s=phase)
 
 

@@ -69,3 +69,16 @@ class DcpPerStep(CheckpointStrategy):
             workload.scheduler.load_state_dict(state["scheduler"])
             workload.load_progress_state(state["progress"])
         dist.barrier()
+
+
+class PlantsSymlinkOut(PerRankSave):
+    """Leaves a symlink among its files that points outside the checkpoint directory (option
+    ``link_to``), as a careless library or a hostile plug-in might: a fault that damages whatever
+    ``file`` matches must refuse to follow it."""
+
+    options = (*PerRankSave.options, "link_to")
+
+    def save(self, workload, step):
+        super().save(workload, step)
+        if self.context.rank == 0:
+            os.symlink(self.context.options["link_to"], step_dir(self.context.checkpoint_dir, step) / "escape.pt")

@@ -18,6 +18,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..confined import resolve_under
 from .base import Fault
 
 MIDDLE = "middle"
@@ -97,7 +98,7 @@ class DamageAfterSave(Fault):
             targets = self.pick(self.written_during_save()) if self.damages_files else []
             if targets or not self.damages_files:
                 root = self.env.checkpoint_dir
-                detail = self.damage([root / relative for relative in targets])
+                detail = self.damage([resolve_under(root, relative) for relative in targets])
                 acted = True
                 self.fired(point="returned", files=targets, ends_process=self.stops_job, **detail)
             else:
@@ -222,7 +223,7 @@ class DuplicateFile(DamageAfterSave):
         if len(sources) != 1:
             raise ValueError(f"fault.source {self.spec.params['source']!r} must match exactly one file written "
                              f"during the step-{self.trigger.step} save; it matched {sources}")
-        source = self.env.checkpoint_dir / sources[0]
+        source = resolve_under(self.env.checkpoint_dir, sources[0])
         for path in paths:
             shutil.copyfile(source, path)
         return {"source": sources[0]}

@@ -24,6 +24,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from ..confined import resolve_under
 from .base import CaseEnvironment
 from .corruption import DamageAfterSave, _files
 
@@ -53,7 +54,7 @@ class Straggler(DamageAfterSave):
             raise ValueError(f"fault.source {self.spec.params['source']!r} must match exactly one file under "
                              f"{root}; it matched {sources}")
         case_dir = self.env.case_dir
-        config = {"source": str(root / sources[0]), "targets": [str(p) for p in paths],
+        config = {"source": str(resolve_under(root, sources[0])), "targets": [str(p) for p in paths],
                   "wait_for": str(case_dir / "restart"), "seconds": self.spec.params["seconds"],
                   "interval": self.spec.params["interval"]}
         from ..interpreters import PROJECT_ROOT
