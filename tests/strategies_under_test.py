@@ -3,6 +3,7 @@ checker must catch each) and correct ones. Most live in the planted-bug catalogu
 (`resilience.planted.strategies`), which the tests reach under this module's name too."""
 from __future__ import annotations
 
+import os
 import time
 
 import torch.distributed as dist
