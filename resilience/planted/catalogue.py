@@ -44,63 +44,64 @@ class PlantedBug:
     control: Any  # the correct twin: a strategy name, target or {name, options}
 
 
-# Cheapest first: a strategy under audit meets them in this order.
+# Cheapest first: a strategy under audit meets them in this order. Phase deadlines leave room for a
+# loaded machine and a forkserver that starts with the first case.
 CATCHERS: tuple[Catcher, ...] = (
     Catcher("kill_in_training", "rank 1 SIGKILLed at step 10 (checkpoints at 4 and 8), per-rank RNG "
             "streams: the restart must resume from step 8 with every rank's own state",
             {"workload": {**TWO_RANKS, "rank_rng": "distinct"},
              "fault": {"kind": "kill", "rank": 1, "step": 10, "phase": "train"},
-             "timeouts": {"phase": 30}},
+             "timeouts": {"phase": 60}},
             frozenset({RECOVERED})),
     Catcher("two_nodes", "4 ranks on 2 nodes (shared storage), per-rank RNG streams, rank 1 killed at "
             "step 6: local and global ranks differ on node 1",
             {"workload": {**TWO_RANKS, "world_size": 4, "steps": 8, "rank_rng": "distinct"},
              "topology": {"nodes": 2},
              "fault": {"kind": "kill", "rank": 1, "step": 6, "phase": "train"},
-             "timeouts": {"phase": 30}},
+             "timeouts": {"phase": 60}},
             frozenset({RECOVERED, LOUD})),
     Catcher("fewer_ranks", "saved by 4 ranks, rank 3 killed at step 6, restarted on 2: the state must "
             "be resharded whole or refused",
             {"workload": {**TWO_RANKS, "world_size": 4, "steps": 8},
              "fault": {"kind": "kill", "rank": 3, "step": 6, "phase": "train"},
-             "restart": {"world_size": 2}, "timeouts": {"phase": 30}},
+             "restart": {"world_size": 2}, "timeouts": {"phase": 60}},
             frozenset({RECOVERED, LOUD})),
     Catcher("torn_write", "rank 1 SIGKILLed 4 KiB into the first file it writes in the step-8 save",
             {"workload": TWO_RANKS,
              "fault": {"kind": "kill", "rank": 1, "step": 8, "point": "write", "after_bytes": 4096},
-             "timeouts": {"phase": 30}},
+             "timeouts": {"phase": 30}},  # short: the hang planted here costs one deadline
             frozenset({RECOVERED, LOUD})),
     Catcher("disk_full", "ENOSPC 8 KiB into rank 1's first file of the step-8 save, the last step: the "
             "save must fail, or nothing may claim step 8 saved",
             {"workload": {**TWO_RANKS, "steps": 8},
              "fault": {"kind": "disk_full", "via": "quota", "rank": 1, "step": 8, "point": "write",
                        "after_bytes": 8192},
-             "timeouts": {"phase": 30}},
+             "timeouts": {"phase": 60}},
             frozenset({RECOVERED, LOUD})),
     Catcher("newer_version", "after the step-8 save every file claims a format newer than the reader "
             "knows: a correct reader refuses it",
             {"workload": TWO_RANKS, "fault": {"kind": "version_mismatch", "rank": 0, "step": 8,
                                               "version": "newer"},
-             "timeouts": {"phase": 30}},
+             "timeouts": {"phase": 60}},
             frozenset({LOUD})),
     Catcher("foreign_shard", "after the step-8 save, rank 0's per-rank file is copied over rank 1's "
             "(per-rank RNG streams, so the two differ)",
             {"workload": {**TWO_RANKS, "rank_rng": "distinct"},
              "fault": {"kind": "duplicate_file", "rank": 1, "step": 8, "file": "step_00000008/*rank_1*",
                        "source": "step_00000008/*rank_0*"},
-             "timeouts": {"phase": 30}},
+             "timeouts": {"phase": 60}},
             frozenset({RECOVERED, LOUD}), fallback_ok=True),
     Catcher("hostile_pickle", "after the step-8 save, rank 1's per-rank file is rewritten to run a "
             "payload when unpickled (same state otherwise): the payload must never run",
             {"workload": TWO_RANKS,
              "fault": {"kind": "malicious_pickle", "rank": 1, "step": 8, "file": "step_00000008/*rank_1*"},
-             "timeouts": {"phase": 30}},
+             "timeouts": {"phase": 60}},
             frozenset({RECOVERED, LOUD}), fallback_ok=True),
     Catcher("stale_pointer", "after the step-8 save the `latest` pointer is set back to step 4 (an "
             "update that never reached the disk); step 8 is complete on disk",
             {"workload": TWO_RANKS,
              "fault": {"kind": "stale_pointer", "rank": 0, "step": 8, "file": "latest", "points_to": "older"},
-             "timeouts": {"phase": 30}},
+             "timeouts": {"phase": 60}},
             frozenset({RECOVERED, LOUD})),
     Catcher("power_loss", "power cut at any instant of the step-8 save (crash states explored and "
             "restored by real ranks)",

@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import ResilienceError, ScenarioError, Unavailable
 from ..harness import Harness
 from ..loader import load_document
+from ..scenario import VerdictKind
 from .catalogue import BUGS, CATCHERS, Catcher, PlantedBug, catcher
 
 SOURCE = "resilience/planted/catalogue.py"
@@ -54,7 +55,8 @@ def run_trial(harness: Harness, where: Catcher, strategy: Any, label: str) -> Tr
     except ResilienceError as exc:
         return trial(ERROR, None, str(exc))
     verdict = result.verdict
-    if case.fault.kind != "none" and not result.fault_fired:
+    never_fired = case.fault.kind != "none" and not result.fault_fired
+    if never_fired and verdict.kind not in (VerdictKind.SILENT, VerdictKind.HANG):  # a hang before it is one too
         return trial(NOT_APPLICABLE, verdict.kind.value, f"the {case.fault.kind} fault never fired: the strategy's "
                                                          f"files do not match {case.fault.trigger.file!r}")
     if verdict.kind in where.accepts:
@@ -121,7 +123,7 @@ def audit(harness: Harness, strategy: str, every: bool, report: Callable[[str], 
 def _line(result: BugResult) -> str:
     caught = next((t for t in result.trials if t.judgement == CAUGHT), None)
     if caught is None:
-        ran = ", ".join(f"{t.catcher}: {t.judgement}" for t in result.trials)
+        ran = "; ".join(f"{t.catcher}: {t.judgement} {t.verdict or ''} {t.evidence[:160]}" for t in result.trials)
         return f"MISSED  {result.bug:<31} {ran}"
     line = f"CAUGHT  {result.bug:<31} by {caught.catcher:<17} {caught.verdict:<9} {caught.evidence[:110]}"
     if result.control is not None:
