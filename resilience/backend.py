@@ -12,6 +12,7 @@ from multiprocessing import popen_forkserver, spawn
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import janitor
 from .phases import PhasePlan
 
 if TYPE_CHECKING:
@@ -49,8 +50,17 @@ class RankProcess(ABC):
         """SIGKILL the rank and every process it started, reap it, and remove its temporary
         directory. Idempotent."""
 
-    def _remove_temp_dir(self) -> None:
+    def _track(self) -> None:
+        """Hand the rank's group and temporary directory to the janitor, in case the harness dies
+        before ``destroy``."""
+        janitor.register("pgid", self.pid)
+        janitor.register("dir", rank_temp_dir(self.pid))
+
+    def _untrack(self) -> None:
+        """Last step of ``destroy``: remove the rank's temporary directory; the janitor can forget both."""
         shutil.rmtree(rank_temp_dir(self.pid), ignore_errors=True)
+        janitor.release("pgid", self.pid)
+        janitor.release("dir", rank_temp_dir(self.pid))
 
 
 class ProcessBackend(ABC):
@@ -80,6 +90,7 @@ class ProcessBackend(ABC):
 class _PopenRank(RankProcess):
     def __init__(self, rank: int, popen: subprocess.Popen):
         self.rank, self._popen, self.pid = rank, popen, popen.pid
+        self._track()
 
     def poll(self) -> int | None:
         return self._popen.poll()
@@ -95,7 +106,7 @@ class _PopenRank(RankProcess):
             self._popen.wait(timeout=30)
         except subprocess.TimeoutExpired:  # uninterruptible IO: the kernel will reap it later
             pass
-        self._remove_temp_dir()
+        self._untrack()
 
 
 class SpawnBackend(ProcessBackend):
@@ -119,6 +130,7 @@ class SpawnBackend(ProcessBackend):
 class _ForkedRank(RankProcess):
     def __init__(self, rank: int, process):
         self.rank, self._process, self.pid = rank, process, process.pid
+        self._track()
 
     def poll(self) -> int | None:
         return self._process.exitcode
@@ -132,7 +144,7 @@ class _ForkedRank(RankProcess):
         self._process.join(timeout=30)
         if self._process.exitcode is not None:
             self._process.close()
-        self._remove_temp_dir()
+        self._untrack()
 
 
 class _NoMainPopen(popen_forkserver.Popen):
@@ -186,7 +198,23 @@ class ForkServerBackend(ProcessBackend):
         process = _RankProcess(target=_forked_rank, name=f"rank{rank}",
                                args=(str(plan_path), rank, str(out_path), str(err_path)))
         process.start()
+        _track_forkserver_socket_dir()
         return _ForkedRank(rank, process)
+
+
+def _track_forkserver_socket_dir() -> None:
+    """The ``pymp-*`` directory holding the forkserver's socket: multiprocessing removes it at a
+    normal exit of this process, the janitor when this process is killed. The janitor reads the
+    pipe's end of file only once this process is gone, so the two never race."""
+    from multiprocessing import util
+
+    global _socket_dir_tracked
+    if not _socket_dir_tracked:
+        janitor.register("dir", util.get_temp_dir())
+        _socket_dir_tracked = True
+
+
+_socket_dir_tracked = False
 
 
 def rank_temp_dir(pid: int) -> Path:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import plugins
+from . import janitor, plugins
 from .backend import BACKENDS, DEFAULT_BACKEND, ProcessBackend, SpawnBackend
 from .errors import HarnessError, StrategyUnavailable
 from .faults.base import CaseEnvironment
@@ -152,11 +152,14 @@ class Harness:
         if self.work_root is not None:
             self.work_root.mkdir(parents=True, exist_ok=True)
         work_dir = Path(tempfile.mkdtemp(prefix="resilience-", dir=self.work_root))
+        if not self.keep:
+            janitor.register("dir", work_dir)
         try:
             return self._run(case, work_dir)
         finally:
             if not self.keep:
                 shutil.rmtree(work_dir, ignore_errors=True)
+                janitor.release("dir", work_dir)
 
     def _run(self, case: Case, work_dir: Path) -> CaseResult:
         checkpoint_dir = work_dir / "checkpoints"

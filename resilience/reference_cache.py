@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from . import plugins
+from . import janitor, plugins
 from .scenario import Case
 
 FORMAT_VERSION = 1
@@ -76,6 +76,7 @@ class ReferenceCache:
             building = self.root / f"{key}.building-{os.getpid()}"
             shutil.rmtree(building, ignore_errors=True)
             building.mkdir()
+            janitor.register("dir", building)  # a process killed mid-build leaves no half entry
             try:
                 produce(building)
                 (building / COMPLETE_MARKER).write_text("")
@@ -85,3 +86,5 @@ class ReferenceCache:
             except BaseException:
                 shutil.rmtree(building, ignore_errors=True)
                 raise
+            finally:
+                janitor.release("dir", building)

@@ -17,6 +17,7 @@ import os
 import subprocess
 from typing import Any
 
+from .. import janitor
 from ..interception import InterceptedFile
 from .base import CaseEnvironment, Fault, FaultUnavailable
 
@@ -71,6 +72,7 @@ class DiskFull(Fault):
         if result.returncode:
             raise FaultUnavailable(f"cannot mount tmpfs on {env.checkpoint_dir}: {result.stderr.strip()}")
         self.mounted = True
+        janitor.register("mount", env.checkpoint_dir)
 
     def heal(self, env: CaseEnvironment) -> None:
         ballast = env.checkpoint_dir / BALLAST_NAME
@@ -84,6 +86,7 @@ class DiskFull(Fault):
         if result.returncode:  # a straggler still holds a file: detach now, the kernel frees it later
             subprocess.run(["umount", "-l", str(env.checkpoint_dir)], capture_output=True, timeout=30)
         self.mounted = False
+        janitor.release("mount", env.checkpoint_dir)
 
     # -- rank side --------------------------------------------------------------------------------
     def at(self, phase: str, step: int) -> None:

@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+from .. import janitor
 from ..errors import HarnessError
 from .base import CaseEnvironment, Fault, FaultUnavailable, RankEnvironment
 
@@ -116,6 +117,8 @@ class Topology:
         return [name for name in list_namespaces() if name.startswith(self.prefix + "-")]
 
     def create(self) -> None:
+        for name in self.names():  # before they exist: a harness killed half-way leaves none either
+            janitor.register("netns", name)
         root = [f"netns add {name}" for name in self.names()]
         root += [f"link add {IFNAME} netns {r['namespace']} type veth peer name {r['port']} netns {self.switch}"
                  for r in self.ranks]
@@ -142,7 +145,10 @@ class Topology:
         still listed afterwards (none, unless the kernel refused)."""
         for name in self.existing():
             subprocess.run(["ip", "netns", "delete", name], check=False, capture_output=True, timeout=COMMAND_TIMEOUT_S)
-        return self.existing()
+        left = self.existing()
+        for name in set(self.names()) - set(left):
+            janitor.release("netns", name)
+        return left
 
 
 def join_namespace(name: str) -> None:

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import janitor
 from .base import CaseEnvironment, FaultUnavailable
 from .corruption import DamageAfterSave
 
@@ -132,6 +133,8 @@ class ReadOnly(_StopThenRestore):
             result = subprocess.run(command, capture_output=True, text=True, timeout=MOUNT_TIMEOUT_S)
             if result.returncode:
                 raise FaultUnavailable(f"{' '.join(command)} failed: {result.stderr.strip()}")
+            if not self.mounted:  # the bind made the mount; the remount only changes its flags
+                janitor.register("mount", target)
             self.mounted = True
 
     def teardown(self, env: CaseEnvironment) -> None:
@@ -141,6 +144,7 @@ class ReadOnly(_StopThenRestore):
         if result.returncode:  # a straggler still holds a file: detach now, the kernel frees it later
             subprocess.run(["umount", "-l", str(env.checkpoint_dir)], capture_output=True, timeout=MOUNT_TIMEOUT_S)
         self.mounted = False
+        janitor.release("mount", env.checkpoint_dir)
 
     def at(self, phase: str, step: int) -> None:
         super().at(phase, step)

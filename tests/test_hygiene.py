@@ -1,0 +1,289 @@
+"""Hygiene under abuse: a `pytest` run of scenarios interrupted by Ctrl-C, or a pytest-xdist worker
+SIGKILLed mid case, leaves no rank process, mount, network namespace or temporary directory behind.
+
+Each test runs pytest on a small scenario in a session of its own, with TMPDIR and RESILIENCE_CACHE
+in a fresh directory and a marker variable in its environment (every process of the run inherits
+it), interrupts it mid case, and then looks for what is left.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MARKER = "RESILIENCE_HYGIENE_MARK"
+MID_CASE_DEADLINE_S = 180  # pytest start, the forkserver's warm-up and the reference, on 2 busy cores
+EXIT_DEADLINE_S = 60  # for pytest to end once interrupted
+CLEAN_DEADLINE_S = 20  # for the janitor to free what the run left
+
+# A rank stopped (SIGSTOP) in its peer's barrier for a minute: the case is surely mid-way when the
+# fault has fired.
+STALL = """\
+    name: stalled rank
+    description: rank 1 stopped for a minute in the step-4 save
+    strategy: torch.per_rank
+    workload: {model: mlp, world_size: 2, steps: 8, checkpoint_every: 4, seed: 0}
+    fault: {kind: stall, rank: 1, step: 4, phase: save, seconds: 60}
+    timeouts: {collective: 120, phase: 180}
+    expect: recovers
+    """
+# The checkpoint directory is a tmpfs from setup on; enough steps to interrupt the first run.
+TMPFS = """\
+    name: long run on a tmpfs
+    description: the checkpoint directory is a mounted tmpfs while the first run trains
+    strategy: torch.per_rank
+    workload: {model: mlp, world_size: 2, steps: 1600, checkpoint_every: 800, seed: 0}
+    fault: {kind: disk_full, via: tmpfs, rank: 0, step: 800, point: start, after_bytes: 8192}
+    expect: fails_loudly
+    """
+# Ranks in network namespaces, rank 1's link cut for a minute.
+PARTITION = """\
+    name: long partition
+    description: rank 1's link cut for a minute in the step-4 save
+    strategy: torch.per_rank
+    workload: {model: mlp, world_size: 2, steps: 8, checkpoint_every: 4, seed: 0}
+    fault: {kind: partition, rank: 1, step: 4, phase: save, seconds: 60}
+    timeouts: {collective: 120, phase: 180}
+    expect: recovers
+    """
+CASES = {"stall": STALL, "tmpfs": TMPFS, "partition": PARTITION}
+
+
+def _needs(kind: str) -> None:
+    """tmpfs and partition cases need root (and the network tools); elsewhere skipped (with
+    CI=true a skip fails the run, see tests/conftest.py)."""
+    if kind == "stall":
+        return
+    if os.geteuid() != 0:
+        pytest.skip(f"the {kind} variant mounts or builds network namespaces, which needs root")
+    if kind == "partition" and not (shutil.which("ip") and shutil.which("nft")):
+        pytest.skip("the partition variant needs iproute2 and nftables")
+
+
+class Run:
+    """One marked pytest run of one scenario, in its own session (its process group id is its pid)."""
+
+    def __init__(self, root: Path, scenario: str, extra: list[str]):
+        self.root, self.tmp, self.token = root, root / "tmp", secrets.token_hex(8)
+        self.created_namespaces: list[str] = []  # seen mid case
+        self.tmp.mkdir()
+        scenario_file = root / "case.scenario.yaml"
+        scenario_file.write_text(textwrap.dedent(scenario))
+        env = dict(os.environ, TMPDIR=str(self.tmp), RESILIENCE_CACHE=str(root / "cache"),
+                   PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), **{MARKER: self.token})
+        env.pop("CI", None)  # the inner run's verdicts do not matter here
+        self.log = open(root / "pytest.log", "wb")  # noqa: SIM115 (closed in stop)
+        self.pytest = subprocess.Popen(
+            [sys.executable, "-m", "pytest", str(scenario_file), "-p", "no:cacheprovider", "-q",
+             f"--basetemp={root / 'basetemp'}", *extra],
+            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+
+    def marked_processes(self) -> dict[int, str]:
+        """Live (not zombie) processes carrying this run's marker: pid -> command line."""
+        found = {}
+        needle = f"{MARKER}={self.token}".encode()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                if needle not in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                    continue
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                command = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")[:120]
+            except (OSError, IndexError):
+                continue
+            if state != "Z":
+                found[int(entry)] = command.decode(errors="replace")
+        return found
+
+    def mounts(self) -> list[str]:
+        return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+                if line.split()[4].startswith(str(self.root))]
+
+    def namespaces(self) -> list[str]:
+        """Network namespaces named after one of this run's processes (see faults/network.py)."""
+        pids = self.marked_processes()
+        names = os.listdir("/run/netns") if os.path.isdir("/run/netns") else []
+        return [name for name in names if any(name.startswith(f"resilience-{pid}-") for pid in pids)]
+
+    def leftover_files(self) -> list[str]:
+        """What the run left in TMPDIR; torch's own per-user compile cache (``torchinductor_<user>``,
+        made by ``import torch`` in the forkserver and shared by every torch program) is torch's."""
+        return sorted(p.name for p in self.tmp.iterdir() if not p.name.startswith("torchinductor_"))
+
+    def wait_mid_case(self, kind: str) -> None:
+        """Until the first run is under way with its resources in place (the fault fired, or the
+        tmpfs is mounted)."""
+        deadline = time.monotonic() + MID_CASE_DEADLINE_S
+        while time.monotonic() < deadline:
+            assert self.pytest.poll() is None, f"pytest ended before the case was mid-way:\n{self.output()}"
+            first_runs = list(self.tmp.glob("resilience-*/first_run"))
+            if kind == "tmpfs" and first_runs and self.mounts():
+                return
+            if kind != "tmpfs" and any("fault_fired" in p.read_text() for d in first_runs
+                                       for p in d.glob("rank*.events.jsonl")):
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"the case did not reach its first run within {MID_CASE_DEADLINE_S} s:\n{self.output()}")
+
+    def busy_worker(self) -> int:
+        """The xdist worker running the case: the child of pytest that started processes of its own."""
+        workers = [pid for pid in _children(self.pytest.pid) if _children(pid)]
+        assert len(workers) == 1, f"expected one busy xdist worker among {_children(self.pytest.pid)}"
+        return workers[0]
+
+    def wait_exit(self) -> None:
+        try:
+            self.pytest.wait(timeout=EXIT_DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"pytest still running {EXIT_DEADLINE_S} s after the interrupt:\n"
+                                 f"{self.output()}") from None
+
+    def leftovers(self) -> dict[str, list]:
+        """What is still there once the janitor had its time (empty lists: nothing)."""
+        deadline = time.monotonic() + CLEAN_DEADLINE_S
+        while True:
+            found = {"processes": sorted(self.marked_processes().items()), "files": self.leftover_files(),
+                     "mounts": self.mounts(), "namespaces": sorted(set(self.created_namespaces) & set(_netns()))}
+            if not any(found.values()) or time.monotonic() > deadline:
+                return found
+            time.sleep(0.2)
+
+    def output(self) -> str:
+        self.log.flush()
+        return (self.root / "pytest.log").read_text(errors="replace")[-3000:]
+
+    def stop(self) -> None:
+        """Whatever happened: end this run's own process groups (pytest's, and each leftover rank's,
+        which leads its own) and free what it left, so a failing test leaks nothing either."""
+        for pgid in {self.pytest.pid} | {pid for pid in self.marked_processes() if _pgid(pid) == pid}:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.pytest.wait()
+        self.log.close()
+        for mount in sorted(self.mounts(), key=len, reverse=True):
+            subprocess.run(["umount", "-l", mount], check=False, capture_output=True, timeout=30)
+        for name in set(self.created_namespaces) & set(_netns()):
+            subprocess.run(["ip", "netns", "delete", name], check=False, capture_output=True, timeout=30)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return found
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's exit status waits for init to collect it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _netns() -> list[str]:
+    return os.listdir("/run/netns") if os.path.isdir("/run/netns") else []
+
+
+@pytest.fixture
+def scenario_run(tmp_path):
+    runs = []
+
+    def start(kind: str, extra: list[str]) -> Run:
+        run = Run(tmp_path, CASES[kind], extra)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.stop()
+
+
+def _interrupt_mid_case(run: Run, kind: str, interrupt) -> None:
+    run.wait_mid_case(kind)
+    run.created_namespaces = run.namespaces()
+    assert kind != "partition" or run.created_namespaces, "the case's network namespaces were not seen"
+    assert kind != "tmpfs" or run.mounts(), "the case's tmpfs was not mounted at the interrupt"
+    assert run.marked_processes(), "no process of the run was seen"
+    interrupt()
+    run.wait_exit()
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_ctrl_c_mid_case_leaves_nothing_behind(scenario_run, kind):
+    _needs(kind)
+    run = scenario_run(kind, [])
+    # a terminal's Ctrl-C: SIGINT to the foreground process group (pytest and what shares its group)
+    _interrupt_mid_case(run, kind, lambda: os.killpg(run.pytest.pid, signal.SIGINT))
+    assert run.leftovers() == {"processes": [], "files": [], "mounts": [], "namespaces": []}, run.output()
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_killed_xdist_worker_mid_case_leaves_nothing_behind(scenario_run, kind):
+    pytest.importorskip("xdist")
+    _needs(kind)
+    run = scenario_run(kind, ["-n", "2"])
+    _interrupt_mid_case(run, kind, lambda: os.kill(run.busy_worker(), signal.SIGKILL))
+    assert "crashed" in run.output()
+    assert run.leftovers() == {"processes": [], "files": [], "mounts": [], "namespaces": []}, run.output()
+
+
+REGISTER_THEN_DIE = """\
+import os, signal, subprocess, sys
+from resilience import janitor
+doomed, kept = sys.argv[1], sys.argv[2]
+os.makedirs(os.path.join(doomed, "inner"))
+os.makedirs(kept)
+sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+janitor.register("pgid", sleeper.pid)
+janitor.register("dir", doomed)
+janitor.register("dir", kept)
+janitor.release("dir", kept)
+print(sleeper.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_janitor_frees_what_a_killed_process_registered_and_not_what_it_released(tmp_path):
+    doomed, kept = tmp_path / "doomed", tmp_path / "kept"
+    result = subprocess.run([sys.executable, "-c", REGISTER_THEN_DIE, str(doomed), str(kept)], cwd=REPO,
+                            env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=60,
+                            check=False)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    sleeper = int(result.stdout)
+    try:
+        deadline = time.monotonic() + CLEAN_DEADLINE_S
+        while (_running(sleeper) or doomed.exists()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(sleeper), "the registered process group is still alive"
+        assert not doomed.exists() and kept.is_dir()
+    finally:
+        try:
+            os.killpg(sleeper, signal.SIGKILL)  # our own grandchild's group, only if the janitor failed
+        except ProcessLookupError:
+            pass
+
