@@ -19,17 +19,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import janitor
 from .backend import rank_environment
 from .blackbox_verdict import RankLog, judge_logs
 from .elastic_layout import LAUNCH_ENV, Incarnation, incarnations_in
@@ -101,14 +100,8 @@ def qualify_script(job: BlackBoxJob, fault: Mapping[str, Any] | None, *, work_ro
     spec = fault_spec(fault)
     if not Path(job.script).is_file():
         raise ScenarioError(str(job.script), "script", "no such file", str(job.script))
-    if work_root is not None:
-        work_root.mkdir(parents=True, exist_ok=True)
-    work_dir = Path(tempfile.mkdtemp(prefix="resilience-blackbox-", dir=work_root)).resolve()
-    try:
-        return _BlackBoxRun(job, spec, work_dir).run()
-    finally:
-        if not keep:
-            shutil.rmtree(work_dir, ignore_errors=True)
+    with janitor.temporary_directory("resilience-blackbox-", work_root, keep) as work_dir:
+        return _BlackBoxRun(job, spec, work_dir.resolve()).run()
 
 
 class _BlackBoxRun:
@@ -156,6 +149,7 @@ class _BlackBoxRun:
         with open(run_dir / f"torchrun.launch{launch}.log", "wb") as log:
             torchrun = subprocess.Popen(self.command(run_dir), stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        janitor.register("pgid", torchrun.pid)
         deadline = time.monotonic() + self.job.launch_timeout_s
         try:
             while torchrun.poll() is None:
@@ -167,6 +161,7 @@ class _BlackBoxRun:
             return None
         finally:
             self._stop(torchrun, run_dir)
+            janitor.release("pgid", torchrun.pid)
 
     def _dump_stacks(self, run_dir: Path, launch: int) -> None:
         """Every live rank of the launch prints its Python stack (faulthandler, armed by the hook)."""

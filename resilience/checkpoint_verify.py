@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import janitor
 from .backend import _PopenRank, rank_environment
 from .checkpoint_check import CheckPlan
 from .errors import ResilienceError
@@ -76,8 +75,7 @@ def verify_checkpoint(checkpoint_dir: Path, case, step_check: bool = False, dead
     if not checkpoint_dir.is_dir():
         raise ResilienceError(f"{checkpoint_dir}: not a directory")
     world_size = case.workload.world_size
-    work = Path(tempfile.mkdtemp(prefix="resilience-verify-"))
-    try:
+    with janitor.temporary_directory("resilience-verify-") as work:
         case_file = work / "case.json"
         case_file.write_text(json.dumps({"source": case.source, "id": case.id, "document": case.document}))
         plan = CheckPlan(checkpoint_dir=str(checkpoint_dir.resolve()), world_size=world_size,
@@ -87,8 +85,6 @@ def verify_checkpoint(checkpoint_dir: Path, case, step_check: bool = False, dead
         plan.write(plan_path)
         codes, timed_out = _run_ranks(plan, plan_path, world_size, deadline_s, work)
         views, events = _views(plan, codes, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     findings, step = _judge(views, events, step_check, timed_out, deadline_s)
     return CheckpointVerdict(checkpoint_dir=str(checkpoint_dir), strategy=case.strategy.name, world_size=world_size,
                              ok=not findings[0].startswith("FAIL") if findings else True, step=step,

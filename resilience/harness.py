@@ -8,9 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -149,17 +147,8 @@ class Harness:
         missing = plugins.resolve("strategy", case.strategy.name).missing_for(case.strategy.options)
         if missing:
             raise StrategyUnavailable(f"strategy {case.strategy.name} needs {missing}")
-        if self.work_root is not None:
-            self.work_root.mkdir(parents=True, exist_ok=True)
-        work_dir = Path(tempfile.mkdtemp(prefix="resilience-", dir=self.work_root))
-        if not self.keep:
-            janitor.register("dir", work_dir)
-        try:
+        with janitor.temporary_directory("resilience-", self.work_root, self.keep) as work_dir:
             return self._run(case, work_dir)
-        finally:
-            if not self.keep:
-                shutil.rmtree(work_dir, ignore_errors=True)
-                janitor.release("dir", work_dir)
 
     def _run(self, case: Case, work_dir: Path) -> CaseResult:
         checkpoint_dir = work_dir / "checkpoints"

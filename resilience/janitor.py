@@ -25,8 +25,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 KINDS = ("pgid", "mount", "netns", "dir")
 GROUP_EXIT_WAIT_S = 5.0  # for SIGKILLed groups to be gone before their directories are removed
@@ -46,6 +50,23 @@ def register(kind: str, value: object) -> None:
 def release(kind: str, value: object) -> None:
     """``value`` was freed by its owner: forget it (one registration per call)."""
     _send("drop", kind, value)
+
+
+@contextmanager
+def temporary_directory(prefix: str, parent: Path | None = None, keep: bool = False) -> Iterator[Path]:
+    """A fresh directory (``mkdtemp`` under ``parent``, created if needed) removed on exit unless
+    ``keep``, and by the janitor if this process dies first."""
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    if not keep:
+        register("dir", path)
+    try:
+        yield path
+    finally:
+        if not keep:
+            shutil.rmtree(path, ignore_errors=True)
+            release("dir", path)
 
 
 def _send(op: str, kind: str, value: object) -> None:

@@ -11,14 +11,13 @@ import argparse
 import datetime
 import os
 import shlex
-import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import junit, launchers, plugins, qualify_html
+from . import janitor, junit, launchers, plugins, qualify_html
 from .backend import BACKENDS, DEFAULT_BACKEND
 from .environment import describe
 from .errors import ResilienceError, Unavailable
@@ -63,7 +62,9 @@ def keyword_filter(expression: str | None) -> Callable[[Case], bool]:
     """pytest's -k language over the words that name a case (its id, file, name, strategy, fault)."""
     if not expression:
         return lambda case: True
-    from _pytest.mark.expression import Expression  # the same grammar users know from pytest
+    from _pytest.mark.expression import (
+        Expression,  # the same grammar users know from pytest
+    )
 
     try:
         compiled = Expression.compile(expression)
@@ -189,13 +190,11 @@ def main(args: argparse.Namespace, progress=sys.stdout) -> int:
     if args.no_throughput:
         notes.append("filesystem figures not measured (--no-throughput)")
     else:
-        probe_root = Path(tempfile.mkdtemp(prefix="resilience-fs-", dir=_existing(target)))
         try:
-            bandwidth, figures, notes = filesystem_figures(cases, probe_root, args, progress)
+            with janitor.temporary_directory("resilience-fs-", _existing(target)) as probe_root:
+                bandwidth, figures, notes = filesystem_figures(cases, probe_root, args, progress)
         except (ResilienceError, OSError, TimeoutError) as exc:
             notes.append(f"filesystem figures not measured: {exc}")
-        finally:
-            shutil.rmtree(probe_root, ignore_errors=True)
     notes.extend(f"scenario file not loaded: {error}" for error in load_errors)
     report = Qualification(started=started_at, elapsed_s=time.monotonic() - started, launcher=args.launcher,
                            command=shlex.join(["resilience", *getattr(args, "argv", ["qualify", *args.paths])]),

@@ -21,16 +21,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import plugins
+from . import janitor, plugins
 from .backend import rank_environment
 from .elastic_layout import LAUNCH_ENV, Incarnation, TorchrunLayout
 from .errors import HarnessError, ResilienceError, StrategyUnavailable
@@ -127,16 +125,10 @@ def run_case_under_torchrun(case: Case, nnodes: int = 1, nproc_per_node: int | N
     missing = plugins.resolve("strategy", case.strategy.name).missing()
     if missing:
         raise StrategyUnavailable(f"strategy {case.strategy.name} needs {missing}")
-    owned = case_dir is None
-    if owned:
-        if work_root is not None:
-            work_root.mkdir(parents=True, exist_ok=True)
-        case_dir = Path(tempfile.mkdtemp(prefix="resilience-torchrun-", dir=work_root))
-    try:
+    if case_dir is not None:
         return _Driver(case, TorchrunLayout(Path(case_dir).resolve()), options).run()
-    finally:
-        if owned and not keep:
-            shutil.rmtree(case_dir, ignore_errors=True)
+    with janitor.temporary_directory("resilience-torchrun-", work_root, keep) as owned:
+        return _Driver(case, TorchrunLayout(owned.resolve()), options).run()
 
 
 def torchrun_command(case: Case, options: TorchrunOptions, case_dir: Path, launch: int = 0) -> list[str]:
@@ -214,6 +206,7 @@ class _Driver:
             torchrun = subprocess.Popen(torchrun_command(self.case, self.options, self.layout.case_dir, launch), stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT, env=self._environment(launch),
                                         start_new_session=True)
+        janitor.register("pgid", torchrun.pid)  # torchrun and its agent; the workers lead their own sessions (_kill_ranks)
         started = time.time()
         try:
             while torchrun.poll() is None:
@@ -230,6 +223,7 @@ class _Driver:
             except subprocess.TimeoutExpired:  # uninterruptible IO: the kernel reaps it later
                 pass
             self._kill_ranks(launch)
+            janitor.release("pgid", torchrun.pid)
 
     def _hang(self, launch: int, launch_started: float) -> _Hang | None:
         """A phase of this launch past its deadline, counted from the latest phase any rank began
