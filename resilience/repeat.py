@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from . import plugins
 from .errors import ResilienceError, Unavailable
 from .harness import Harness
 from .outcome import judge_case
@@ -23,7 +24,7 @@ class Observation:
     """What one run of a case concluded; equal observations mean a repeatable case."""
 
     verdict: str  # a VerdictKind value, or "SKIPPED" / "ERROR" when the case could not run
-    restored_step: int | None
+    restored_step: int | None  # None for a power_loss case: see observe
     status: str  # passed | failed | xfailed | skipped | error
 
 
@@ -44,7 +45,11 @@ def observe(harness: Harness, case: Case) -> Observation:
         return Observation("SKIPPED", None, "skipped")
     except ResilienceError as exc:
         return Observation("ERROR", None, f"error: {type(exc).__name__}")
-    return Observation(result.verdict.kind.value, result.verdict.restored_step, judge_case(result).status)
+    # An exploring fault's verdict is that of the worst crash state its search drew; which state (and
+    # so its restored step) depends on how the ranks' writes interleaved, the verdict does not.
+    explores = plugins.resolve("fault", case.fault.kind).explores
+    step = None if explores else result.verdict.restored_step
+    return Observation(result.verdict.kind.value, step, judge_case(result).status)
 
 
 def repeat(harness: Harness, cases: list[Case], times: int, report: Callable[[str], None]) -> list[Repetition]:
