@@ -69,6 +69,14 @@ def _needs(kind: str) -> None:
         pytest.skip("the partition variant needs iproute2 and nftables")
 
 
+def _ranks_training(first_runs: list[Path], world_size: int = 2) -> bool:
+    """Every rank of the first run has started and logged some events: past its start-up, when the
+    harness has registered it with the janitor (a kill inside the instant between the fork and that
+    registration is the one window the janitor cannot cover; README)."""
+    logs = [p for d in first_runs for p in d.glob("rank*.events.jsonl")]
+    return len(logs) == world_size and all(len(p.read_text().splitlines()) >= 3 for p in logs)
+
+
 class Run:
     """One marked pytest run of one scenario, in its own session (its process group id is its pid)."""
 
@@ -128,7 +136,7 @@ class Run:
         while time.monotonic() < deadline:
             assert self.pytest.poll() is None, f"pytest ended before the case was mid-way:\n{self.output()}"
             first_runs = list(self.tmp.glob("resilience-*/first_run"))
-            if kind == "tmpfs" and first_runs and self.mounts():
+            if kind == "tmpfs" and self.mounts() and _ranks_training(first_runs):
                 return
             if kind != "tmpfs" and any("fault_fired" in p.read_text() for d in first_runs
                                        for p in d.glob("rank*.events.jsonl")):
