@@ -30,10 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from resilience.backend import BACKENDS  # noqa: E402
-from resilience.harness import Harness  # noqa: E402
-from resilience.loader import load_document, load_file  # noqa: E402
-from resilience.reference_cache import ReferenceCache  # noqa: E402
+from resilience.launch.backend import BACKENDS  # noqa: E402
+from resilience.run.harness import Harness  # noqa: E402
+from resilience.scenario.loader import load_document, load_file  # noqa: E402
+from resilience.run.reference_cache import ReferenceCache  # noqa: E402
 
 NO_FAULT = ROOT / "scenarios" / "no_fault.scenario.yaml"
 DEEPSPEED = ROOT / "scenarios" / "deepspeed_no_fault.scenario.yaml"
@@ -99,7 +99,7 @@ def bench_interception(repeats: int, size_mib: int) -> tuple[float, float]:
     (every write routed through the wrapper with a listener that never fires)."""
     import torch
 
-    from resilience.interception import Interceptor
+    from resilience.disk.interception import Interceptor
 
     state = {f"t{i}": torch.randn(size_mib * (1 << 20) // 4 // 8) for i in range(8)}
     idle, wrapped = [], []

@@ -20,11 +20,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from resilience.backend import BACKENDS  # noqa: E402
-from resilience.fsprobe import measure_write_bandwidth  # noqa: E402
-from resilience.harness import Harness  # noqa: E402
-from resilience.loader import parse_size  # noqa: E402
-from resilience.throughput import measure  # noqa: E402
+from resilience.launch.backend import BACKENDS  # noqa: E402
+from resilience.measure.fsprobe import measure_write_bandwidth  # noqa: E402
+from resilience.run.harness import Harness  # noqa: E402
+from resilience.scenario.loader import parse_size  # noqa: E402
+from resilience.measure.throughput import measure  # noqa: E402
 
 
 def main() -> int:

@@ -11,10 +11,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from resilience import plugins  # noqa: E402
-from resilience.loader import load_file  # noqa: E402
+from resilience.core import registry  # noqa: E402
+from resilience.scenario.loader import load_file  # noqa: E402
 from resilience.strategies.base import StrategyContext  # noqa: E402
-from resilience.workload import MLPWorkload  # noqa: E402
+from resilience.workloads.mlp import MLPWorkload  # noqa: E402
 
 
 def main() -> None:
@@ -26,7 +26,7 @@ def main() -> None:
     context = StrategyContext(checkpoint_dir=Path(os.environ.get("BENCH_CHECKPOINTS", ".")), rank=dist.get_rank(),
                               world_size=dist.get_world_size(), previous_rank=None,
                               options=dict(case.strategy.options))
-    workload = plugins.resolve("strategy", case.strategy.name)(context).prepare(workload)
+    workload = registry.resolve("strategy", case.strategy.name)(context).prepare(workload)
     while workload.step < case.workload.steps:
         workload.train_step()
     dist.barrier()

@@ -1,6 +1,6 @@
 import pytest
 
-from resilience.plugin import fail_skips_in_ci
+from resilience.commands.pytest_plugin import fail_skips_in_ci
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import copy
 
-from resilience.harness import CaseResult, Harness
-from resilience.loader import load_document
+from resilience.core.records import CaseResult
+from resilience.run.harness import Harness
+from resilience.scenario.loader import load_document
 
 BASE = {
     "name": "test case",

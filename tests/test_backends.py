@@ -10,10 +10,10 @@ from dataclasses import replace
 
 import pytest
 
-from resilience.backend import BACKENDS
-from resilience.harness import Harness
-from resilience.reference_cache import ReferenceCache, reference_key
-from resilience.scenario import VerdictKind
+from resilience.launch.backend import BACKENDS
+from resilience.run.harness import Harness
+from resilience.run.reference_cache import ReferenceCache, reference_key
+from resilience.core.case import VerdictKind
 
 from .harness_helpers import case_from
 
@@ -22,7 +22,7 @@ IN_TRAINING = {"kind": "kill", "rank": 0, "step": 6, "phase": "train"}
 
 
 def test_zygote_server_is_single_threaded_after_preload():
-    code = "import resilience.zygote as z; print(z.THREADS_AFTER_PRELOAD)"
+    code = "import resilience.rank.zygote as z; print(z.THREADS_AFTER_PRELOAD)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "1"
 
@@ -80,7 +80,7 @@ def test_topology_change_uses_cached_snapshots(tmp_path):
 def test_shipped_smoke_tier_gives_identical_verdicts_under_both_backends(tmp_path):
     from pathlib import Path
 
-    from resilience.loader import load_file
+    from resilience.scenario.loader import load_file
 
     root = Path(__file__).resolve().parent.parent / "scenarios"
     cases = [c for f in sorted(root.glob("*.scenario.yaml")) for c in load_file(f).cases if c.tier == "smoke"]

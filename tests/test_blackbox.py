@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from resilience.blackbox import BlackBoxJob, fault_spec, qualify_script
-from resilience.blackbox_verdict import RankLog, judge_logs
-from resilience.contract import ContractLine, parse_line
-from resilience.elastic_layout import Incarnation
+from resilience.run.blackbox import BlackBoxJob, fault_spec, qualify_script
+from resilience.oracle.blackbox import RankLog, judge_logs
+from resilience.core.log_contract import ContractLine, parse_line
+from resilience.core.elastic_layout import Incarnation
 from resilience.errors import ScenarioError
-from resilience.scenario import VerdictKind
+from resilience.core.case import VerdictKind
 
 from .test_torchrun import our_processes
 
@@ -111,7 +111,7 @@ def test_errors_after_an_injected_kill_are_consequences_and_a_restore_error_is_l
 
 
 def test_the_cli_qualifies_the_example_without_a_fault_through_a_second_launch(tmp_path, capsys):
-    from resilience.cli import main
+    from resilience.commands.cli import main
 
     assert main(["blackbox", "--workdir", str(tmp_path), str(EXAMPLE), "--checkpoint-dir", "{checkpoint_dir}"]) == 0
     out = capsys.readouterr().out

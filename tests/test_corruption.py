@@ -14,8 +14,8 @@ import torch
 
 from resilience.errors import ScenarioError
 from resilience.faults.base import CaseEnvironment, Fault
-from resilience.read_interception import InterceptedReader, ReadInterceptor
-from resilience.scenario import VerdictKind
+from resilience.disk.read_interception import InterceptedReader, ReadInterceptor
+from resilience.core.case import VerdictKind
 from resilience.strategies.manifest import ManifestCheckpoint, write_atomically
 
 from .harness_helpers import case_from, run_case
@@ -34,10 +34,10 @@ def damage(kind: str, tmp_path: Path, name: str = "a.pt", **params) -> tuple[byt
 
 
 def _fault(kind: str, **params):
-    from resilience import plugins
+    from resilience.core import registry
 
     case = case_from(fault={"kind": kind, "rank": 1, "step": 4, "file": params.pop("file", "*.pt"), **params})
-    return plugins.resolve("fault", kind)(case.fault)
+    return registry.resolve("fault", kind)(case.fault)
 
 
 def test_a_bit_flip_changes_exactly_one_bit_where_asked(tmp_path):
@@ -304,7 +304,7 @@ def test_inner_retention_before_the_barrier_costs_the_fallback_and_the_manifest_
 
 def test_a_wrapped_strategy_whose_library_is_missing_is_skipped_and_keyed_on_the_inner_source(tmp_path, monkeypatch):
     from resilience.errors import StrategyUnavailable
-    from resilience.harness import Harness
+    from resilience.run.harness import Harness
     from resilience.strategies.deepspeed_zero import Zero2
     from resilience.strategies.manifest import ManifestCheckpoint
 

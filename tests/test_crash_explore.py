@@ -16,21 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from resilience.crash_states import (
-    CrashModel,
-    CrashPoint,
-    Loss,
-    materialise,
-    read_tree,
-    state_hash,
-)
+from resilience.disk.crash_states import CrashModel, CrashPoint, Loss, materialise, read_tree, state_hash
 from resilience.errors import ScenarioError
 from resilience.faults.base import Clock, RankEnvironment
 from resilience.faults.power_loss import PowerLoss, trace_dir
-from resilience.harness import Harness
-from resilience.interception import Interceptor
-from resilience.io_trace import TraceWriter, read_trace
-from resilience.scenario import FaultSpec, Trigger, VerdictKind
+from resilience.run.harness import Harness
+from resilience.disk.interception import Interceptor
+from resilience.disk.io_trace import TraceWriter, read_trace
+from resilience.core.case import FaultSpec, Trigger, VerdictKind
 from tests.harness_helpers import case_from
 
 FORK = multiprocessing.get_context("fork")
@@ -255,7 +248,7 @@ def test_a_rename_without_a_directory_fsync_loses_a_checkpoint_whose_save_return
 
 
 def test_the_explore_command_runs_only_power_loss_cases(tmp_path, capsys):
-    from resilience.cli import main
+    from resilience.commands.cli import main
 
     scenario = tmp_path / "mixed.scenario.yaml"
     scenario.write_text("name: no power loss here\ndescription: a kill case\nstrategy: torch.rank0\n"

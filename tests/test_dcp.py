@@ -8,7 +8,7 @@ import pytest
 from resilience.errors import ScenarioError
 from resilience.faults.base import CaseEnvironment
 from resilience.faults.kill import Kill
-from resilience.scenario import VerdictKind
+from resilience.core.case import VerdictKind
 from resilience.strategies.dcp import METADATA, DcpCheckpoint, committed_steps, step_dir
 
 from .harness_helpers import case_from, run_case

@@ -8,8 +8,8 @@ import pytest
 
 from resilience.errors import ScenarioError, StrategyUnavailable
 from resilience.faults.base import CaseEnvironment, Fault
-from resilience.harness import Harness
-from resilience.scenario import VerdictKind
+from resilience.run.harness import Harness
+from resilience.core.case import VerdictKind
 from resilience.strategies.base import CheckpointStrategy
 from resilience.strategies.deepspeed_zero import Zero2
 

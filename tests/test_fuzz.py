@@ -4,13 +4,13 @@ from __future__ import annotations
 import yaml
 from hypothesis import settings
 
-from resilience.cli import main
+from resilience.commands.cli import main
 from resilience.fuzz.models import model_for, verdict
 from resilience.fuzz.search import process_property, run_fast, scenario_document
-from resilience.harness import Harness
-from resilience.loader import load_document
-from resilience.scenario import VerdictKind
-from resilience.topology import Topology
+from resilience.run.harness import Harness
+from resilience.scenario.loader import load_document
+from resilience.core.case import VerdictKind
+from resilience.core.topology import Topology
 
 LOCAL_RANK_BUG = "tests.strategies_under_test:LoadsByLocalRank"
 

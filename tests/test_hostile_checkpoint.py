@@ -10,7 +10,7 @@ import torch
 
 from resilience.faults.base import CaseEnvironment
 from resilience.faults.hostile import CANARY_DIR, PICKLE, TORCH_ZIP, plant
-from resilience.scenario import VerdictKind
+from resilience.core.case import VerdictKind
 
 from .harness_helpers import case_from, run_case
 
@@ -79,8 +79,8 @@ def test_a_strategy_that_unpickles_in_full_is_silent_and_the_finding_names_file_
 def test_no_record_no_finding(tmp_path):
     """A fault that never fired leaves nothing to report (the outcome says it never fired)."""
     case = case_from(fault=FAULT)
-    from resilience import plugins
+    from resilience.core import registry
 
-    fault = plugins.resolve("fault", "malicious_pickle")(case.fault)
+    fault = registry.resolve("fault", "malicious_pickle")(case.fault)
     env = CaseEnvironment(case=case, case_dir=tmp_path, checkpoint_dir=tmp_path / "checkpoints")
     assert fault.findings(env, ()) == ()

@@ -18,11 +18,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resilience import loader, plugins
-from resilience.confined import relative_glob_problem, resolve_under
+from resilience.scenario import loader
+from resilience.core import registry
+from resilience.core.confined import relative_glob_problem, resolve_under
 from resilience.errors import PathEscape, ScenarioError
-from resilience.loader import load_file, load_text
-from resilience.scenario import Scenario
+from resilience.scenario.loader import load_file, load_text
+from resilience.core.case import Scenario
 
 from .harness_helpers import run_case
 
@@ -119,8 +120,8 @@ def test_a_matrix_that_multiplies_into_too_many_cases_is_refused():
 
 # -- the fuzzer: random bytes and hostile documents, only ScenarioError escapes ------------------
 TRAVERSALS = ESCAPES + ["..\\..\\x", "*/../*", "step_*/*", "*", "latest", "\u202e.pt", "%2e%2e/x", "", " "]
-NAMES = sorted({*plugins.STRATEGIES, *plugins.FAULTS, *plugins.WORKLOADS}) + [
-    "no.such.module:Thing", "os:system", "resilience.loader:ScenarioError", "tests.strategies_under_test:Nope"]
+NAMES = sorted({*registry.STRATEGIES, *registry.FAULTS, *registry.WORKLOADS}) + [
+    "no.such.module:Thing", "os:system", "resilience.scenario.loader:ScenarioError", "tests.strategies_under_test:Nope"]
 printable = st.characters(blacklist_categories=("Cs",))  # a lone surrogate cannot be written as UTF-8
 hostile_scalars = (st.none() | st.booleans() | st.integers() | st.integers(-2, 70)
                    | st.sampled_from([10**400, -(10**400), 2**63, 2**31, -1, 0])
@@ -131,7 +132,7 @@ hostile_values = st.recursive(hostile_scalars, lambda inner: st.lists(inner, max
                               max_leaves=12)
 
 
-FAULT_PARAMS = sorted({key for name in plugins.FAULTS for key in plugins.resolve("fault", name).params})
+FAULT_PARAMS = sorted({key for name in registry.FAULTS for key in registry.resolve("fault", name).params})
 KEY_PATHS = ["name", "description", "tier", "strategy", "strategy.name", "strategy.options",
              "strategy.options.inner", "strategy.options.keep_last", "strategy.options.stagger",
              *(f"workload.{key}" for key in loader.WORKLOAD_KEYS), "workload.options.x",

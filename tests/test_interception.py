@@ -27,8 +27,8 @@ import torch.serialization
 from resilience.faults.base import Clock, RankEnvironment
 from resilience.faults.disk_full import DiskFull
 from resilience.faults.kill import Kill
-from resilience.interception import InterceptedFile, Interceptor
-from resilience.scenario import FaultSpec, Trigger
+from resilience.disk.interception import InterceptedFile, Interceptor
+from resilience.core.case import FaultSpec, Trigger
 
 FORK = multiprocessing.get_context("fork")
 MARKER = "returned.txt"  # the child writes it after the save returns: proof the save was not cut short

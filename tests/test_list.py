@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from resilience import cli, plugins
-from resilience.catalog import entries, first_sentence
+from resilience.commands import cli
+from resilience.core import registry
+from resilience.commands.catalog import entries, first_sentence
 
 
 def listing(capsys, what: str) -> str:
@@ -16,7 +17,7 @@ def listing(capsys, what: str) -> str:
 def test_every_registered_plugin_is_listed_with_a_summary(capsys, what, kind):
     out = listing(capsys, what)
     lines = out.splitlines()
-    for name in plugins.TABLES[kind]:
+    for name in registry.TABLES[kind]:
         line = next((line for line in lines if line.split(" ", 1)[0] == name), None)
         assert line is not None, f"{name} missing from:\n{out}"
         assert len(line.split(None, 1)[1]) > 20  # a real sentence, not an empty doc
@@ -40,7 +41,7 @@ def test_fault_parameters_and_trigger_points_are_listed(capsys):
 def test_summary_comes_from_the_class_or_its_module():
     by_name = {e.name: e for e in entries("fault")}
     assert by_name["kill"].summary.startswith("SIGKILL of a rank's own process")  # its class doc opens a list
-    assert by_name["none"].summary == first_sentence(plugins.resolve("fault", "none"))
+    assert by_name["none"].summary == first_sentence(registry.resolve("fault", "none"))
     assert all(not e.summary.startswith("A fault: what goes wrong") for e in by_name.values())
 
 

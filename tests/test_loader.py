@@ -1,4 +1,4 @@
-"""Unit tests for `resilience.loader`: scenario YAML -> validated, matrix-expanded cases.
+"""Unit tests for `resilience.scenario.loader`: scenario YAML -> validated, matrix-expanded cases.
 
 The loader's contract: a malformed file raises `ScenarioError` (never anything else) naming the file,
 the key path, the bad value and what is allowed; a good file expands into cases that survive the
@@ -15,11 +15,12 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from resilience import plugins
+from resilience.core import registry
 from resilience.errors import ScenarioError
-from resilience.loader import (DEFAULT_TIMEOUTS, is_scenario_file, load_document, load_file, load_text,
-                               parse_case, parse_size)
-from resilience.scenario import Case, Outcome, Scenario, VerdictKind
+from resilience.scenario.loader import (DEFAULT_TIMEOUTS, load_document, load_file, load_text, parse_case,
+                                        parse_size)
+from resilience.scenario.discovery import is_scenario_file
+from resilience.core.case import Case, Outcome, Scenario, VerdictKind
 from resilience.strategies.base import CheckpointStrategy
 
 SOURCE = "some/path.scenario.yaml"
@@ -239,7 +240,7 @@ def test_unknown_strategy_lists_builtins_and_import_form():
     """The user learns both the built-in names and that `package.module:Class` exists."""
     err = scenario_error(variant({"strategy": "torch.magic"}))
     assert "unknown strategy 'torch.magic'" in str(err)
-    assert err.allowed == ", ".join(list(plugins.STRATEGIES) + ["package.module:Class"])
+    assert err.allowed == ", ".join(list(registry.STRATEGIES) + ["package.module:Class"])
     assert "torch.rank0" in err.allowed and "deepspeed.zero3" in err.allowed
 
 
@@ -263,7 +264,7 @@ def test_unknown_fault_kind_lists_kinds():
     err = scenario_error(variant({"fault.kind": "explode"}))
     assert "unknown fault 'explode'" in str(err)
     assert err.allowed.startswith("none, kill, disk_full, stall, partition, throttle, preempt, version_mismatch, ")
-    assert err.allowed == ", ".join([*plugins.FAULTS, "package.module:Class"])  # every built-in kind, then plug-ins
+    assert err.allowed == ", ".join([*registry.FAULTS, "package.module:Class"])  # every built-in kind, then plug-ins
 
 
 def test_fault_rank_error_explains_range_from_world_size():

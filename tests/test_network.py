@@ -14,9 +14,9 @@ from resilience.errors import HarnessError
 from resilience.faults import network
 from resilience.faults.base import CaseEnvironment, FaultUnavailable
 from resilience.faults.network import NetworkError, Partition, Throttle, Topology
-from resilience.harness import Harness
-from resilience.reference_cache import ReferenceCache
-from resilience.scenario import VerdictKind
+from resilience.run.harness import Harness
+from resilience.run.reference_cache import ReferenceCache
+from resilience.core.case import VerdictKind
 
 from .harness_helpers import case_from
 from .test_loader import scenario_error, variant
@@ -213,7 +213,7 @@ def test_bad_network_fault_names_file_key_value_and_allowed(changes, key, value,
 
 
 def test_shipped_network_scenario_covers_both_kinds_and_both_outcomes():
-    from resilience.loader import load_file
+    from resilience.scenario.loader import load_file
 
     scenario = load_file(Path(__file__).resolve().parents[1] / "scenarios" / "network_partition.scenario.yaml")
     kinds = {(case.fault.kind, case.expect.outcome.value) for case in scenario.cases}

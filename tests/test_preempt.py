@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from resilience.harness import Harness
-from resilience.preemption import wanted_by
-from resilience.reference_cache import ReferenceCache
-from resilience.scenario import VerdictKind
+from resilience.run.harness import Harness
+from resilience.strategies.preemption import wanted_by
+from resilience.run.reference_cache import ReferenceCache
+from resilience.core.case import VerdictKind
 
 from .harness_helpers import case_from
 from .test_loader import scenario_error, variant
@@ -158,7 +158,7 @@ def test_bad_preempt_fault_names_file_key_value_and_allowed(changes, key, value,
 
 
 def test_preempt_defaults_and_after_bytes_at_the_start():
-    from resilience.loader import load_document
+    from resilience.scenario.loader import load_document
 
     changes = {"fault.after_bytes": "4KiB", "fault.point": "start"}
     case = load_document(variant(changes, base=PREEMPT_BASE), "x.scenario.yaml").cases[0]
@@ -167,7 +167,7 @@ def test_preempt_defaults_and_after_bytes_at_the_start():
 
 
 def test_after_bytes_alone_means_the_only_point_start():
-    from resilience.loader import load_document
+    from resilience.scenario.loader import load_document
 
     case = load_document(variant({"fault.after_bytes": 4096}, base=PREEMPT_BASE), "x.scenario.yaml").cases[0]
     assert (case.fault.trigger.point, case.fault.trigger.after_bytes) == ("start", 4096)

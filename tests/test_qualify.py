@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from resilience import cli
-from resilience.environment import mount_of, parse_mountinfo
+from resilience.commands import cli
+from resilience.measure.environment import mount_of, parse_mountinfo
 from resilience.errors import ResilienceError
-from resilience.loader import load_document
-from resilience.qualify import matches
+from resilience.scenario.loader import load_document
+from resilience.commands.qualify import matches
 
 from .headless_chromium import Browser, find_chromium
 

@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from resilience.repeat import Observation, Repetition, summary
+from resilience.commands.repeat import Observation, Repetition, summary
 
 ROOT = Path(__file__).resolve().parent.parent
 

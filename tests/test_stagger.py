@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from resilience.errors import ScenarioError
-from resilience.scenario import VerdictKind
+from resilience.core.case import VerdictKind
 
 from .harness_helpers import case_from, run_case
 

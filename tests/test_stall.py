@@ -1,7 +1,7 @@
 """The stall fault: a real SIGSTOP of a rank in its peers' collective, a SIGCONT from the harness."""
 from __future__ import annotations
 
-from resilience.scenario import VerdictKind
+from resilience.core.case import VerdictKind
 
 from .harness_helpers import run_case
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from resilience.errors import ScenarioError
-from resilience.scenario import VerdictKind
-from resilience.topology import RankCoords, Topology
+from resilience.core.case import VerdictKind
+from resilience.core.topology import RankCoords, Topology
 
 from .harness_helpers import case_from, run_case
 

@@ -7,17 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from resilience import device
-from resilience.cli import main as cli_main
+from resilience.core import device
+from resilience.commands.cli import main as cli_main
 from resilience.errors import HarnessError
-from resilience.scenario import VerdictKind
-from resilience.torchrun import (
-    TorchrunIncompatible,
-    TorchrunOptions,
-    incompatibility,
-    run_case_under_torchrun,
-    torchrun_command,
-)
+from resilience.core.case import VerdictKind
+from resilience.run.torchrun import (TorchrunIncompatible, TorchrunOptions, incompatibility,
+                                     run_case_under_torchrun, torchrun_command)
 
 from .harness_helpers import case_from
 
@@ -143,7 +138,7 @@ def test_one_node_runs_standalone_and_several_use_the_c10d_endpoint(tmp_path):
     assert multi[multi.index("--rdzv-endpoint") + 1] == "10.0.0.1:29400"
     assert multi[multi.index("--nproc-per-node") + 1] == "2" and multi[multi.index("--max-restarts") + 1] == "1"
     assert multi[multi.index("--rdzv-id") + 1].endswith("-1")  # each launch is a job of its own
-    assert multi[-3:] == ["-m", "resilience.elastic_entry", str(tmp_path)]
+    assert multi[-3:] == ["-m", "resilience.rank.elastic_entry", str(tmp_path)]
 
 
 # -- the GPU path -----------------------------------------------------------------------------------
@@ -199,7 +194,7 @@ def test_a_case_directory_with_an_earlier_run_in_it_is_refused(tmp_path):
 
 
 def test_the_reference_cache_key_tells_the_cpu_path_from_the_gpu_path(monkeypatch):
-    from resilience.reference_cache import reference_key
+    from resilience.run.reference_cache import reference_key
 
     case = case_from()
     assert device.machine_placement() in ("gloo on the CPU",) or device.machine_placement().startswith("nccl on ")

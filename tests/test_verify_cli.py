@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from resilience import cli
+from resilience.commands import cli
 
 from .harness_helpers import run_case
 

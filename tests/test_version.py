@@ -5,7 +5,7 @@ import pytest
 
 from resilience.errors import ScenarioError
 from resilience.faults.base import CaseEnvironment, Fault
-from resilience.scenario import VerdictKind
+from resilience.core.case import VerdictKind
 from resilience.strategies.torch_native import CLAIMS, restamp
 
 from .harness_helpers import case_from, run_case

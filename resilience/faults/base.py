@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from ..errors import Unavailable
-from ..interception import InterceptedFile
-from ..scenario import Case, FaultSpec, Trigger
+from ..disk.interception import InterceptedFile
+from ..core.case import Case, FaultSpec, Trigger
 
 if TYPE_CHECKING:
-    from ..harness import PhaseResult
+    from ..core.records import PhaseResult
 
 
 class FaultUnavailable(Unavailable):
@@ -102,14 +102,14 @@ class Fault:
     see the restore's reads when ``needs_read_interception()``.
     A fault that fires calls ``fired(...)`` first, so the event is on record before it acts.
     A fault whose ``explores`` is true gets the same calls in the first run, which then ends; the
-    harness hands the case to `resilience.explore`, which runs the restarts itself.
+    harness hands the case to `resilience.run.explore`, which runs the restarts itself.
     """
 
     kind: ClassVar[str] = ""
     needs_trigger: ClassVar[bool] = True
     #: whether the trigger names a rank (false: the fault hits every rank; the trigger's rank is 0)
     needs_rank: ClassVar[bool] = True
-    #: whether the harness hands the case to the crash-state explorer (`resilience.explore`)
+    #: whether the harness hands the case to the crash-state explorer (`resilience.run.explore`)
     explores: ClassVar[bool] = False
     #: trigger points allowed per phase; the first is the default
     points: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -145,7 +145,7 @@ class Fault:
 
     def needs_read_interception(self) -> bool:
         """Whether the rank must route reads under the checkpoint directory through
-        `resilience.read_interception` (only then are reads wrapped at all)."""
+        `resilience.disk.read_interception` (only then are reads wrapped at all)."""
         return False
 
     def reaches_helpers(self) -> bool:

@@ -18,13 +18,13 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..confined import resolve_under
+from ..core.confined import resolve_under
 from .base import Fault
 
 MIDDLE = "middle"
 
 
-def _files(root: Path) -> dict[str, tuple[int, int, int]]:
+def file_identities(root: Path) -> dict[str, tuple[int, int, int]]:
     """Every file under ``root``: relative path -> (inode, mtime_ns, size)."""
     found = {}
     for path in root.rglob("*"):
@@ -73,12 +73,12 @@ class DamageAfterSave(Fault):
     def at(self, phase: str, step: int) -> None:
         # The train step before the triggering save: the previous save returned on every rank.
         if self.first_run() and phase == "train" and step == self.trigger.step and self.on_trigger_rank():
-            self._before = _files(self.env.checkpoint_dir)
+            self._before = file_identities(self.env.checkpoint_dir)
 
     def written_during_save(self) -> list[str]:
         """Files matching ``file`` created or changed since the triggering step began."""
         before = self._before or {}
-        return sorted(relative for relative, identity in _files(self.env.checkpoint_dir).items()
+        return sorted(relative for relative, identity in file_identities(self.env.checkpoint_dir).items()
                       if before.get(relative) != identity and self.path_matches(relative))
 
     def pick(self, changed: list[str]) -> list[str]:
@@ -230,7 +230,7 @@ class DuplicateFile(DamageAfterSave):
 
     def _written_all(self) -> list[str]:
         before = self._before or {}
-        return sorted(r for r, identity in _files(self.env.checkpoint_dir).items() if before.get(r) != identity)
+        return sorted(r for r, identity in file_identities(self.env.checkpoint_dir).items() if before.get(r) != identity)
 
 
 POINTER_TARGETS = ("older", "missing")

@@ -17,8 +17,8 @@ import os
 import subprocess
 from typing import Any
 
-from .. import janitor
-from ..interception import InterceptedFile
+from ..core import janitor
+from ..disk.interception import InterceptedFile
 from .base import CaseEnvironment, Fault, FaultUnavailable
 
 BALLAST_NAME = ".resilience-ballast"

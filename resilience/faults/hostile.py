@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..phases import RESTART
+from ..core.plan import RESTART
 from .base import CaseEnvironment
 from .corruption import DamageAfterSave
 
 if TYPE_CHECKING:
-    from ..harness import PhaseResult
+    from ..core.records import PhaseResult
 
 CANARY_DIR = "malicious_pickle"  # under the case directory, never outside it
 RECORD = "carriers.json"  # which file carries which canary, for the harness side

@@ -11,7 +11,7 @@ import time
 from fnmatch import fnmatchcase
 from typing import Any
 
-from ..interception import InterceptedFile
+from ..disk.interception import InterceptedFile
 from .base import Fault
 
 AWAIT_S = 30.0

@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .. import janitor
+from ..core import janitor
 from ..errors import HarnessError
 from .base import CaseEnvironment, Fault, FaultUnavailable, RankEnvironment
 

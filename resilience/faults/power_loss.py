@@ -1,10 +1,10 @@
 """A power cut during a save, explored: every rank's IO is traced, then crash states are rebuilt.
 
 In the first run's ranks this fault only records: every file operation under the checkpoint
-directory during each save up to and including the one at ``step`` (`resilience.io_trace`), then
+directory during each save up to and including the one at ``step`` (`resilience.disk.io_trace`), then
 it ends the first run once that save returned on the rank. The crash itself is not injected into
-live processes: `resilience.explore` rebuilds the disk states a power cut at any point of that save
-could leave (`resilience.crash_states`), restarts real ranks on each and judges them.
+live processes: `resilience.run.explore` rebuilds the disk states a power cut at any point of that save
+could leave (`resilience.disk.crash_states`), restarts real ranks on each and judges them.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..interception import InterceptedFile
-from ..io_trace import NamespaceHooks, TraceWriter
+from ..disk.interception import InterceptedFile
+from ..disk.io_trace import NamespaceHooks, TraceWriter
 from .base import Fault, RankEnvironment
 
 TRACE_DIR = "trace"  # under the case directory

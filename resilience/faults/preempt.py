@@ -5,7 +5,7 @@ that point, while the other ranks wait for it in the step's all-reduce or the sa
 harness sends SIGTERM to ``ranks`` (``all``: the whole job is preempted; ``trigger``: only the trigger
 rank's node is), and ``grace`` seconds later SIGKILL to every one of them still alive.
 
-What happens in between is the job's business (`resilience.preemption`): a rank without an
+What happens in between is the job's business (`resilience.strategies.preemption`): a rank without an
 emergency-save handler dies at once; with one, every rank saves the step it is at and exits.
 ``after_bytes`` makes that emergency save slower than any grace period, deterministically: once a
 rank's emergency save has written ``after_bytes`` bytes of a file matching ``file``, its writes stall
@@ -17,8 +17,8 @@ import signal
 import time
 from typing import Any, ClassVar
 
-from ..interception import InterceptedFile
-from ..preemption import EMERGENCY_PHASE, sigterm_received
+from ..disk.interception import InterceptedFile
+from ..strategies.preemption import EMERGENCY_PHASE, sigterm_received
 from .base import Fault
 
 SIGTERM_TIMEOUT_S = 60.0  # how long the trigger rank waits for the harness's SIGTERM

@@ -8,7 +8,7 @@ ranks arm the fault:
 - ``read_error``: during the restore, every open for reading of a file matching ``file`` fails
   with EIO (``fails_at: open``), or the open succeeds and every read fails (``fails_at: read``), on
   every restarted rank, as a disk with a bad sector or a storage server that lost a target answers. Through the
-  read interception layer (`resilience.read_interception`), so ``torch.load``, DeepSpeed's loads
+  read interception layer (`resilience.disk.read_interception`), so ``torch.load``, DeepSpeed's loads
   and its ``latest`` read all see it.
 - ``slow_read``: during the restore, reads of matching files on restarted rank ``rank`` are throttled to
   ``bytes_per_s`` (each read sleeps its size / rate before it runs), as a cold object store or an
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import janitor
+from ..core import janitor
 from .base import CaseEnvironment, FaultUnavailable
 from .corruption import DamageAfterSave
 
@@ -165,7 +165,7 @@ def refuse_writes_under(root: Path) -> None:
     import torch
     import torch.serialization
 
-    from ..interception import WRITE_MODE_CHARS
+    from ..disk.interception import WRITE_MODE_CHARS
 
     base = os.path.abspath(root)
 

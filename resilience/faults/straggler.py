@@ -24,9 +24,9 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-from ..confined import resolve_under
+from ..core.confined import resolve_under
 from .base import CaseEnvironment
-from .corruption import DamageAfterSave, _files
+from .corruption import DamageAfterSave, file_identities
 
 PIDS_FILE = "straggler.pids"  # in the case directory: one pid per line, for teardown
 MODULE = "resilience.faults.straggler"
@@ -49,7 +49,7 @@ class Straggler(DamageAfterSave):
 
     def damage(self, paths: list[Path]) -> dict[str, Any]:
         root = self.env.checkpoint_dir
-        sources = [r for r in _files(root) if fnmatchcase(r, self.spec.params["source"])]
+        sources = [r for r in file_identities(root) if fnmatchcase(r, self.spec.params["source"])]
         if len(sources) != 1:
             raise ValueError(f"fault.source {self.spec.params['source']!r} must match exactly one file under "
                              f"{root}; it matched {sources}")
@@ -57,7 +57,7 @@ class Straggler(DamageAfterSave):
         config = {"source": str(resolve_under(root, sources[0])), "targets": [str(p) for p in paths],
                   "wait_for": str(case_dir / "restart"), "seconds": self.spec.params["seconds"],
                   "interval": self.spec.params["interval"]}
-        from ..interpreters import PROJECT_ROOT
+        from ..core.paths import PROJECT_ROOT
 
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]))
         helper = subprocess.Popen([sys.executable, "-m", MODULE, json.dumps(config)], env=env,

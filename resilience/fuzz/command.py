@@ -5,9 +5,9 @@ import argparse
 
 from hypothesis import settings
 
-from ..cli_options import parse_options
+from ..commands.options import parse_options
 from ..errors import ResilienceError
-from ..scenario import VerdictKind
+from ..core.case import VerdictKind
 from .models import model_for
 from .search import Counterexample, process_property, run_fast, write_scenario
 
@@ -40,9 +40,9 @@ def _factory(strategy: str, options: dict):
 
 
 def _run_processes(args: argparse.Namespace, options: dict, storage: str | None) -> Counterexample | None:
-    from ..harness import Harness
-    from ..loader import load_document
-    from ..reference_cache import ReferenceCache, default_cache_dir
+    from ..run.harness import Harness
+    from ..scenario.loader import load_document
+    from ..run.reference_cache import ReferenceCache, default_cache_dir
 
     harness = Harness(cache=ReferenceCache(default_cache_dir()))
     try:

@@ -16,9 +16,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from ..scenario import VerdictKind
+from ..core.case import VerdictKind
 from ..strategies.megatron_layout import TRACKER, checkpoint_path
-from ..topology import Topology
+from ..core.topology import Topology
 
 ROOT = "/checkpoints"
 STEP = 4  # the step of the checkpoint the model saves and restores
@@ -225,10 +225,10 @@ MODELS: dict[str, type[RestoreModel]] = {
 def model_for(strategy: str, distinct_streams: bool = False, options: dict | None = None) -> RestoreModel:
     """The restore model of a built-in strategy, or the ``restore_model`` class a strategy plug-in
     names; raises PluginError for a strategy without one (only the process tier can fuzz it)."""
-    from .. import plugins
+    from ..core import registry
     from ..errors import PluginError
 
-    cls = MODELS.get(strategy) or getattr(plugins.resolve("strategy", strategy), "restore_model", None)
+    cls = MODELS.get(strategy) or getattr(registry.resolve("strategy", strategy), "restore_model", None)
     if cls is None:
         raise PluginError(f"strategy {strategy!r} has no restore model; allowed for the fast tier: "
                           f"{', '.join(MODELS)} or a strategy class with a restore_model attribute")

@@ -19,8 +19,8 @@ import yaml
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from ..scenario import VerdictKind
-from ..topology import NODE_LOCAL, SHARED, Topology
+from ..core.case import VerdictKind
+from ..core.topology import NODE_LOCAL, SHARED, Topology
 from .models import RestoreModel, saved, verdict
 
 ALLOWED = (VerdictKind.RECOVERED, VerdictKind.LOUD)

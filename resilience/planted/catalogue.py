@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..scenario import VerdictKind
+from ..core.case import VerdictKind
 
 PLANTED = "resilience.planted.strategies:"
 RECOVERED, LOUD = VerdictKind.RECOVERED, VerdictKind.LOUD

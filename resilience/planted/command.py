@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ResilienceError, ScenarioError, Unavailable
-from ..harness import Harness
-from ..loader import load_document
-from ..scenario import VerdictKind
+from ..run.harness import Harness
+from ..scenario.loader import load_document
+from ..core.case import VerdictKind
 from .catalogue import BUGS, CATCHERS, Catcher, PlantedBug, catcher
 
 SOURCE = "resilience/planted/catalogue.py"

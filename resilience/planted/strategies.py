@@ -27,7 +27,7 @@ from ..strategies.torch_native import (
     step_dir,
     step_of,
 )
-from ..workload import Workload
+from ..workloads.mlp import Workload
 
 # -- correct twins ------------------------------------------------------------------------------
 

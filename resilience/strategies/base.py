@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
-from ..topology import Topology
-from ..workload import Workload
+from ..core.topology import Topology
+from ..workloads.mlp import Workload
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from ..workload import TrainableWorkload, Workload
+from ..workloads.mlp import TrainableWorkload, Workload
 from .base import CheckpointStrategy, StrategyContext
 
 UNIVERSAL_DIR = "universal"  # where the universal route writes its converted checkpoint

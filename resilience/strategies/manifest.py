@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 import torch.distributed as dist
 
-from ..workload import Workload
+from ..workloads.mlp import Workload
 from .base import CheckpointStrategy, StrategyContext
 
 MANIFEST_DIR = "manifests"
@@ -74,9 +74,9 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 def _inner_class(name: Any) -> type:
-    from .. import plugins
+    from ..core import registry
 
-    return plugins.resolve("strategy", name)
+    return registry.resolve("strategy", name)
 
 
 class ManifestCheckpoint(CheckpointStrategy):
@@ -85,11 +85,11 @@ class ManifestCheckpoint(CheckpointStrategy):
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> tuple[str, str, Any, Any] | None:
         """Loader-time validation of the wrapped strategy and its options."""
-        from .. import plugins
+        from ..core import registry
         from ..errors import PluginError
 
         inner = options.get("inner")
-        allowed = [n for n in plugins.STRATEGIES if n not in ("manifest", "none")] + ["package.module:Class"]
+        allowed = [n for n in registry.STRATEGIES if n not in ("manifest", "none")] + ["package.module:Class"]
         if not isinstance(inner, str) or not inner:
             return ("strategy.options.inner", "missing: the strategy the manifest wraps", inner, allowed)
         try:

@@ -13,7 +13,7 @@ but the N newest right after its own file is written, without waiting for the ot
 save that is torn on another rank may already have cost the previous checkpoint.
 
 Option ``save_on_sigterm: true``: an emergency save of the current step when SIGTERM arrives
-(`resilience.preemption`), as training scripts on preemptible clusters add; off by default, as in the seed.
+(`resilience.strategies.preemption`), as training scripts on preemptible clusters add; off by default, as in the seed.
 
 Option ``stagger: K`` (per-rank scheme): the seed's advice against filesystem pressure at scale, ranks
 write in waves of K (ranks 0..K-1, then K..2K-1, ...) with a barrier between waves. Rank 0's scheme
@@ -33,7 +33,7 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
-from ..workload import Workload
+from ..workloads.mlp import Workload
 from .base import CheckpointStrategy
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")

@@ -1,0 +1,1 @@
+"""Every command-line command and the pytest plugin: the top layer."""

@@ -1,0 +1,47 @@
+"""`resilience blackbox [--fault JSON] [--expect recovers|fails_loudly] SCRIPT [ARGS...]`: qualify a
+training script that prints the log contract, unmodified, under torchrun (`{checkpoint_dir}` in ARGS
+is replaced by each run's checkpoint directory). Exit status 0 when the verdict is the expected one."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..run.blackbox import BlackBoxJob, describe, qualify_script
+from ..errors import ResilienceError
+from ..core.case import EXPECTED_VERDICT, Outcome
+
+
+def add_blackbox_command(sub) -> None:
+    command = sub.add_parser("blackbox", help="qualify your own training script under torchrun",
+                             description=__doc__)
+    command.add_argument("--fault", default='{"kind": "none"}',
+                         help='JSON, e.g. {"kind": "kill", "rank": 1, "step": 6} (see README, black-box mode)')
+    command.add_argument("--expect", choices=[o.value for o in Outcome], default=Outcome.RECOVERS.value)
+    command.add_argument("--nproc-per-node", type=int, default=2)
+    command.add_argument("--max-restarts", type=int, default=1)
+    command.add_argument("--timeout", type=float, default=300.0, help="seconds per torchrun launch before HANG")
+    command.add_argument("--workdir", type=Path)
+    command.add_argument("--keep", action="store_true", help="keep the run's directory (logs, checkpoints)")
+    command.add_argument("script", type=Path)
+    command.add_argument("script_args", nargs=argparse.REMAINDER)
+
+
+def blackbox_main(args: argparse.Namespace) -> int:
+    try:
+        fault = json.loads(args.fault)
+    except json.JSONDecodeError as exc:
+        print(f"ERROR --fault: not JSON ({exc}); got {args.fault!r}", flush=True)
+        return 1
+    job = BlackBoxJob(script=args.script, args=tuple(args.script_args), nproc_per_node=args.nproc_per_node,
+                      max_restarts=args.max_restarts, launch_timeout_s=args.timeout)
+    try:
+        result = qualify_script(job, fault, work_root=args.workdir, keep=args.keep)
+    except ResilienceError as exc:
+        print(f"ERROR {exc}", flush=True)
+        return 1
+    expected = EXPECTED_VERDICT[Outcome(args.expect)]
+    passed = result.verdict.kind is expected
+    print(f"{'PASSED' if passed else 'FAILED'} {args.script}: {result.verdict.kind.value}, expected {expected.value}")
+    print(describe(result), flush=True)
+    return 0 if passed else 1

@@ -1,0 +1,58 @@
+"""What `run`, `explore`, `repeat` and `torchrun` share: load the cases of the named paths, run
+each, print one line per case (and the report of each failure), count failures. A case skipped
+for a missing component counts as a failure under CI (``CI=true``), as under pytest: a missing
+install step must not hide.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+
+from ..core.case import Case
+from ..core.records import CaseResult
+from ..errors import ResilienceError, Unavailable
+from ..oracle.outcome import judge_case
+from ..report.text import render, verdict_line
+from ..scenario.discovery import load_cases
+
+
+def skips_fail() -> bool:
+    """Whether a skipped case fails the run: under CI, where every component must be installed."""
+    return os.environ.get("CI") == "true"
+
+
+def load_or_report(paths: Iterable[str], selected: Callable[[Case], bool] = lambda case: True
+                   ) -> tuple[list[Case], int]:
+    """The selected cases, and how many files could not be loaded (each error printed)."""
+    try:
+        cases, errors = load_cases(paths, selected)
+    except ResilienceError as exc:  # a path that does not exist
+        cases, errors = [], [str(exc)]
+    for error in errors:
+        print(f"ERROR {error}", flush=True)
+    return cases, len(errors)
+
+
+def run_and_report(cases: Iterable[Case], run_case: Callable[[Case], CaseResult], show_findings: bool = False) -> int:
+    """Run every case, print its outcome; the number of failures. ``show_findings``: print a passing
+    case's findings too (exploration summaries)."""
+    failures = 0
+    for case in cases:
+        try:
+            result = run_case(case)
+        except Unavailable as exc:
+            print(f"SKIPPED {case.source}[{case.id}]: {exc}", flush=True)
+            failures += skips_fail()
+            continue
+        except ResilienceError as exc:
+            print(f"ERROR {case.source}[{case.id}]: {exc}", flush=True)
+            failures += 1
+            continue
+        outcome = judge_case(result)
+        print(f"{outcome.status.upper():<6} {verdict_line(result)}", flush=True)
+        if show_findings and outcome.status != "failed":
+            print("\n".join(f"       {line}" for line in result.verdict.findings), flush=True)
+        if outcome.status == "failed":
+            failures += 1
+            print(render(result, outcome.reason), flush=True)
+    return failures

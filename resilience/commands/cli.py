@@ -1,0 +1,119 @@
+"""`python -m resilience run PATH... [--case ID]`: run scenario files outside pytest and print verdicts.
+`qualify` writes a qualification report, `verify` checks an existing checkpoint, `list` shows the
+plug-ins, `torchrun` and `blackbox` run under torchrun, `explore` runs crash-state exploration,
+`fuzz` searches save/restart topologies, `repeat` reruns cases to find flaky verdicts, `planted` measures caught / planted over deliberately broken
+strategies."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..core import registry
+from ..launch.backend import BACKENDS, DEFAULT_BACKEND
+from .blackbox import add_blackbox_command, blackbox_main
+from ..run.explore import PROFILES
+from ..run.harness import Harness
+from .case_loop import load_or_report, run_and_report
+from ..run.reference_cache import ReferenceCache, default_cache_dir
+from .torchrun import add_torchrun_command, torchrun_main
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """What `run` and `explore` both take: the files, the case, where and how ranks run."""
+    parser.add_argument("paths", nargs="+")
+    parser.add_argument("--case", help="run only the case with this id (as printed in reports)")
+    _add_harness_arguments(parser)
+
+
+def _add_harness_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where case work directories go and how ranks run."""
+    parser.add_argument("--keep", action="store_true", help="keep each case's work directory")
+    parser.add_argument("--workdir", type=Path, help="where case work directories go")
+    parser.add_argument("--backend", choices=sorted(BACKENDS), default=DEFAULT_BACKEND,
+                        help="how rank processes are started")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="reference-run cache directory (default: $RESILIENCE_CACHE or ~/.cache/resilience)")
+    parser.add_argument("--no-cache", action="store_true", help="run the reference in every case")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="resilience", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_run_arguments(sub.add_parser("run", help="run scenario files (or directories of them)"))
+    fuzz = sub.add_parser("fuzz", help="search save/restart topologies for a SILENT or HANG restore")
+    fuzz.add_argument("--strategy", required=True, help="built-in name or package.module:Class")
+    fuzz.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                      help="a strategy option (VALUE read as YAML), repeatable")
+    fuzz.add_argument("--examples", type=int, default=None, help="Hypothesis examples (default: the profile's)")
+    fuzz.add_argument("--profile", choices=("ci", "long"), default="ci")
+    fuzz.add_argument("--storage", choices=("shared", "node_local", "any"), default="any")
+    fuzz.add_argument("--tier", choices=("fast", "processes"), default="fast",
+                      help="fast: the strategy's restore model, thousands of rank maps a second; "
+                           "processes: real ranks through the harness")
+    fuzz.add_argument("--out", type=Path, default=Path("fuzz-counterexamples"),
+                      help="where a counterexample is written as a scenario file")
+    add_torchrun_command(sub)
+    add_blackbox_command(sub)
+    explore = sub.add_parser("explore", help="run only the power_loss cases of scenario files (crash-state "
+                                             "exploration) and print what each explored")
+    _add_run_arguments(explore)
+    explore.add_argument("--profile", choices=sorted(PROFILES), default=None,
+                         help="how much to explore (default: the scenario's fault.profile)")
+    explore.add_argument("--max-restores", type=int, default=None,
+                         help="distinct crash states restored by real ranks, at most")
+    from . import catalog, qualify, verify as verify_cli
+    qualify.add_arguments(sub.add_parser("qualify", help="run a scenario set and write a qualification report",
+                                         description=qualify.__doc__))
+    listing = sub.add_parser("list", help="the available strategies, faults or workloads, with their options")
+    listing.add_argument("what", choices=sorted(catalog.KINDS))
+    verify_cli.add_arguments(sub.add_parser("verify", help="load an existing checkpoint in real ranks and check it",
+                                            description=verify_cli.__doc__))
+    from ..planted import command as planted
+    planted_parser = sub.add_parser("planted", help="run the planted-bug catalogue (or bugs of your own) and print "
+                                                    "caught / planted", description=planted.__doc__)
+    _add_harness_arguments(planted_parser)
+    planted.add_arguments(planted_parser)
+    from . import repeat
+    repeat_parser = sub.add_parser("repeat", help="run every case K times over and report any whose verdict "
+                                                  "changed", description=repeat.__doc__)
+    _add_run_arguments(repeat_parser)
+    repeat.add_arguments(repeat_parser)
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.command == "qualify":
+        return qualify.main(args)
+    if args.command == "verify":
+        return verify_cli.main(args)
+    if args.command == "list":
+        print(catalog.render(catalog.KINDS[args.what]))
+        return 0
+    if args.command == "torchrun":
+        return torchrun_main(args)
+    if args.command == "blackbox":
+        return blackbox_main(args)
+    if args.command == "fuzz":
+        from ..fuzz.command import fuzz_command
+
+        return fuzz_command(args)
+
+    cache = None if args.no_cache else ReferenceCache(args.cache or default_cache_dir())
+    harness = Harness(backend=BACKENDS[args.backend](), work_root=args.workdir, keep=args.keep, cache=cache,
+                      explore_profile=getattr(args, "profile", None),
+                      explore_restores=getattr(args, "max_restores", None))
+    if args.command == "planted":
+        return planted.main(args, harness)
+    only = (lambda case: case.id == args.case) if args.case else (lambda case: True)
+    if args.command == "repeat":
+        cases, broken = load_or_report(args.paths, only)
+        return 1 if broken else repeat.main(args, harness, repeat.select(cases, args.case, args.tier))
+    if args.command == "explore":
+        cases, broken = load_or_report(
+            args.paths, lambda case: only(case) and registry.resolve("fault", case.fault.kind).explores)
+        return 1 if run_and_report(cases, harness.run, show_findings=True) + broken else 0
+    cases, broken = load_or_report(args.paths, only)
+    return 1 if run_and_report(cases, harness.run) + broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

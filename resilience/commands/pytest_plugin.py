@@ -1,0 +1,131 @@
+"""pytest plugin: collects `*.scenario.yaml` files (and nothing else) and runs one item per case."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from ..launch.backend import BACKENDS, DEFAULT_BACKEND
+from ..errors import HarnessError, ScenarioError, Unavailable
+from ..faults.base import FaultUnavailable
+from ..core.records import CaseResult
+from ..run.harness import Harness
+from ..scenario.discovery import is_scenario_file
+from ..scenario.loader import load_file
+from .case_loop import skips_fail
+from ..oracle.outcome import judge_case
+from ..run.reference_cache import ReferenceCache, default_cache_dir
+from ..report.text import render
+from ..core.case import Case
+
+
+class CaseFailed(Exception):
+    """The verdict is not the one the scenario expects; the message is the rendered report."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("resilience", "fault-injection checkpoint scenarios")
+    group.addoption("--resilience-keep", action="store_true", help="keep each case's work directory")
+    group.addoption("--resilience-workdir", type=Path, default=None, help="where case work directories go")
+    group.addoption("--resilience-backend", default=DEFAULT_BACKEND, choices=sorted(BACKENDS),
+                    help="how rank processes are started: fork (from a server with torch preloaded) "
+                         "or spawn (a fresh interpreter per rank)")
+    group.addoption("--resilience-cache", type=Path, default=None,
+                    help="reference-run cache directory (default: $RESILIENCE_CACHE or ~/.cache/resilience)")
+    group.addoption("--resilience-no-cache", action="store_true", help="run the reference in every case")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "smoke: the scenario's CI tier (tier: smoke)")
+    config.addinivalue_line("markers", "scenario: a case from a resilience scenario file")
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector):
+    if is_scenario_file(file_path):
+        return ScenarioFile.from_parent(parent, path=file_path)
+    return None
+
+
+def fail_skips_in_ci(report: pytest.TestReport) -> None:
+    """With CI=true a skip is a failure: a missing install step must not hide behind it."""
+    if skips_fail() and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI (CI=true), which counts as a failure: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    if isinstance(item, ScenarioItem):  # only our own items: other suites keep their skips
+        fail_skips_in_ci(outcome.get_result())
+
+
+def marker_name(prefix: str, value: str) -> str:
+    return f"{prefix}_{re.sub(r'[^0-9A-Za-z]+', '_', value).strip('_')}"
+
+
+class ScenarioFile(pytest.File):
+    def collect(self):
+        try:
+            scenario = load_file(self.path)
+        except ScenarioError:
+            # A bad file is this file's collection error; the other files still run.
+            self.config.option.continue_on_collection_errors = True
+            raise
+        for case in scenario.cases:
+            item = ScenarioItem.from_parent(self, name=case.id, case=case)
+            for marker in (marker_name("strategy", case.strategy.name), marker_name("fault", case.fault.kind)):
+                self.config.addinivalue_line("markers", f"{marker}: generated from scenario files")
+                item.add_marker(marker)
+            item.add_marker("scenario")
+            if case.tier == "smoke":
+                item.add_marker("smoke")
+            yield item
+
+    def repr_failure(self, excinfo, style=None):
+        if excinfo.errisinstance(ScenarioError):
+            return f"malformed scenario: {excinfo.value}"
+        return super().repr_failure(excinfo, style=style)
+
+
+class ScenarioItem(pytest.Item):
+    def __init__(self, *, case: Case, **kwargs):
+        super().__init__(**kwargs)
+        self.case = case
+        self.result: CaseResult | None = None
+
+    def runtest(self) -> None:
+        options = self.config.option
+        cache = None if options.resilience_no_cache else ReferenceCache(
+            options.resilience_cache or default_cache_dir())
+        harness = Harness(backend=BACKENDS[options.resilience_backend](), work_root=options.resilience_workdir,
+                          keep=options.resilience_keep, cache=cache)
+        try:
+            self.result = harness.run(self.case)
+        except FaultUnavailable as exc:
+            pytest.skip(f"fault {self.case.fault.kind} unavailable here: {exc}")
+        except Unavailable as exc:
+            pytest.skip(str(exc))
+        self._attach_logs(self.result)
+        outcome = judge_case(self.result)
+        self.user_properties.append(("verdict", self.result.verdict.kind.value))
+        if outcome.status == "xfailed":
+            pytest.xfail(outcome.reason)
+        if outcome.status == "failed":
+            raise CaseFailed(render(self.result, outcome.reason))
+
+    def _attach_logs(self, result: CaseResult) -> None:
+        for phase in result.phases:
+            for record in phase.ranks:
+                if record.stderr_tail.strip():
+                    self.add_report_section("call", f"{phase.name} rank {record.rank} stderr", record.stderr_tail)
+
+    def repr_failure(self, excinfo, style=None):
+        if excinfo.errisinstance((CaseFailed, HarnessError)):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self):
+        return self.path, None, f"{self.case.name} [{self.case.id}]"

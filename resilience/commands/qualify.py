@@ -1,0 +1,202 @@
+"""`resilience qualify PATH... [-k EXPR] --out DIR`: run a scenario set and write a qualification report.
+
+Prints one line per case as it finishes; writes ``report.html`` (verdict matrix, loss curves, logs
+of failures, replay commands, environment and filesystem figures), ``report.json`` and
+``junit.xml`` into the output directory. Exit status 1 when any case fails (or, under
+``CI=true``, is skipped), 2 when the run itself could not start.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..core import janitor, registry
+from ..report import junit, html as qualify_html
+from ..run import launchers
+from ..launch.backend import BACKENDS, DEFAULT_BACKEND
+from ..measure.environment import describe
+from ..errors import ResilienceError, Unavailable
+from ..measure.fsprobe import DEFAULT_SIZE, measure_write_bandwidth
+from ..run.harness import Harness
+from ..scenario.discovery import load_cases
+from ..scenario.loader import parse_size
+from .case_loop import skips_fail
+from ..oracle.outcome import judge_case
+from ..report.qualification import CaseRecord, Qualification, StrategyThroughput
+from ..run.reference_cache import ReferenceCache, default_cache_dir
+from ..core.case import Case
+from ..measure.throughput import measure
+
+STAGGER_SHOWN = 1  # the per-rank scheme is also measured writing one rank at a time
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", help="scenario files or directories of them")
+    parser.add_argument("-k", dest="keyword", default=None,
+                        help="select cases by expression over their id, file, strategy and fault, as pytest's -k "
+                             "(e.g. 'rank0 and not deepspeed')")
+    parser.add_argument("--out", type=Path, required=True, help="directory for report.html, report.json, junit.xml")
+    parser.add_argument("--launcher", choices=launchers.LAUNCHERS, default="local",
+                        help="how cases run: local (this harness) or torchrun (the elastic agent)")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="where case and checkpoint directories go: the filesystem to qualify "
+                             "(default: the system temporary directory)")
+    parser.add_argument("--backend", choices=sorted(BACKENDS), default=DEFAULT_BACKEND,
+                        help="how the local launcher starts rank processes")
+    parser.add_argument("--cache", type=Path, default=None, help="reference-run cache directory")
+    parser.add_argument("--no-cache", action="store_true", help="run the reference in every case")
+    parser.add_argument("--probe-size", default=f"{DEFAULT_SIZE >> 20}MiB",
+                        help="bytes the raw write+fsync probe writes (default %(default)s)")
+    parser.add_argument("--throughput-size", default="16MiB",
+                        help="model parameter bytes of the throughput cases (default %(default)s)")
+    parser.add_argument("--throughput-world-size", type=int, default=4, choices=range(1, 17), metavar="1..16",
+                        help="ranks in the throughput cases (default %(default)s)")
+    parser.add_argument("--no-throughput", action="store_true",
+                        help="skip the filesystem probe and the throughput cases")
+
+
+def keyword_filter(expression: str | None) -> Callable[[Case], bool]:
+    """pytest's -k language over the words that name a case (its id, file, name, strategy, fault)."""
+    if not expression:
+        return lambda case: True
+    from _pytest.mark.expression import (
+        Expression,  # the same grammar users know from pytest
+    )
+
+    try:
+        compiled = Expression.compile(expression)
+    except Exception as exc:  # pytest's ParseError: a malformed expression
+        raise ResilienceError(f"-k {expression!r}: {exc}; allowed: words joined by and, or, not and "
+                              f"parentheses, each matched as a substring of a case's id, file, strategy or fault") from None
+
+    def selected(case: Case) -> bool:
+        words = [case.id, case.source, Path(case.source).name, case.name, case.strategy.name, case.fault.kind]
+        return compiled.evaluate(lambda name, **_: any(name.lower() in word.lower() for word in words))
+
+    return selected
+
+
+def matches(case: Case, expression: str | None) -> bool:
+    return keyword_filter(expression)(case)
+
+
+def select(paths: list[str], expression: str | None) -> tuple[list[Case], list[str]]:
+    """The selected cases, and the load errors of files that could not be read (each names the file)."""
+    return load_cases(paths, keyword_filter(expression))
+
+
+def run_cases(cases: list[Case], run_case: Callable[[Case], object], progress) -> list[CaseRecord]:
+    records = []
+    for index, case in enumerate(cases, 1):
+        started = time.monotonic()
+        try:
+            result = run_case(case)
+            record = CaseRecord.of(result, judge_case(result), time.monotonic() - started)
+        except Unavailable as exc:
+            record = CaseRecord.not_run(case, "skipped", str(exc), time.monotonic() - started)
+        except ResilienceError as exc:
+            record = CaseRecord.not_run(case, "error", str(exc), time.monotonic() - started)
+        records.append(record)
+        verdict = record.verdict or "-"
+        print(f"[{index:>{len(str(len(cases)))}}/{len(cases)}] {record.status.upper():<7} {verdict:<9} "
+              f"(expected {record.expected:<9}) {record.elapsed_s:6.1f} s  {record.label}", file=progress, flush=True)
+        if record.status in ("failed", "error", "skipped"):
+            print(f"    {record.reason.splitlines()[0] if record.reason else ''}", file=progress, flush=True)
+    return records
+
+
+def filesystem_figures(cases: list[Case], target: Path, args, progress):
+    """The raw probe, then each selected strategy (default options; per-rank also staggered)."""
+    notes: list[str] = []
+    probe_size = parse_size(args.probe_size)
+    size = parse_size(args.throughput_size)
+    if not probe_size or not size:
+        raise ResilienceError(f"--probe-size {args.probe_size!r} / --throughput-size {args.throughput_size!r}: "
+                              f"not a size; allowed: bytes, or a number with KiB, MiB, GiB")
+    bandwidth = measure_write_bandwidth(target, probe_size)
+    print(f"raw write+fsync in {target}: {bandwidth.bytes_per_s / 1e6:.1f} MB/s", file=progress, flush=True)
+    variants: list[tuple[str, dict, str]] = []
+    for name in dict.fromkeys(c.strategy.name for c in cases):
+        if name == "none":
+            continue
+        variants.append((name, {}, name))
+        if name == "torch.per_rank" and args.throughput_world_size > STAGGER_SHOWN:
+            variants.append((name, {"stagger": STAGGER_SHOWN}, f"{name} {{stagger: {STAGGER_SHOWN}}}"))
+    harness = Harness(backend=BACKENDS[args.backend](), work_root=target, keep=True, cache=None)
+    figures: list[StrategyThroughput] = []
+    for name, options, label in variants:
+        missing = registry.resolve("strategy", name).missing()
+        if missing:
+            notes.append(f"throughput of {label} not measured: {missing}")
+            continue
+        try:
+            figure = measure(harness, name, options, label, size, args.throughput_world_size, bandwidth.bytes_per_s)
+        except (ResilienceError, RuntimeError) as exc:
+            notes.append(f"throughput of {label} not measured: {exc}")
+            continue
+        figures.append(figure)
+        print(f"throughput {label}: save {figure.save_fraction:.2f} x raw, restore {figure.restore_fraction:.2f} x raw",
+              file=progress, flush=True)
+    return bandwidth, tuple(figures), notes
+
+
+def write_reports(report: Qualification, out: Path) -> dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"html": out / "report.html", "json": out / "report.json", "junit": out / "junit.xml"}
+    paths["html"].write_text(qualify_html.render(report), encoding="utf-8")
+    paths["json"].write_text(report.to_json(), encoding="utf-8")
+    paths["junit"].write_text(junit.render(report), encoding="utf-8")
+    return paths
+
+
+def main(args: argparse.Namespace, progress=sys.stdout) -> int:
+    started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    started = time.monotonic()
+    try:
+        cases, load_errors = select(args.paths, args.keyword)
+        cache = None if args.no_cache else ReferenceCache(args.cache or default_cache_dir())
+        run_case = launchers.make(args.launcher, work_root=args.workdir, keep=False, cache=cache, backend=args.backend)
+    except ResilienceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for error in load_errors:
+        print(f"ERROR {error}", file=progress, flush=True)
+    if not cases and not load_errors:
+        print("error: no case selected", file=sys.stderr)
+        return 2
+    print(f"qualifying {len(cases)} cases ({args.launcher} launcher)", file=progress, flush=True)
+    records = run_cases(cases, run_case, progress)
+    target = args.workdir or Path(tempfile.gettempdir())
+    bandwidth, figures, notes = None, (), []
+    if args.no_throughput:
+        notes.append("filesystem figures not measured (--no-throughput)")
+    else:
+        try:
+            with janitor.temporary_directory("resilience-fs-", _existing(target)) as probe_root:
+                bandwidth, figures, notes = filesystem_figures(cases, probe_root, args, progress)
+        except (ResilienceError, OSError, TimeoutError) as exc:
+            notes.append(f"filesystem figures not measured: {exc}")
+    notes.extend(f"scenario file not loaded: {error}" for error in load_errors)
+    report = Qualification(started=started_at, elapsed_s=time.monotonic() - started, launcher=args.launcher,
+                           command=shlex.join(["resilience", *getattr(args, "argv", ["qualify", *args.paths])]),
+                           environment=describe(target), cases=tuple(records), bandwidth=bandwidth,
+                           throughput=figures, notes=tuple(notes))
+    paths = write_reports(report, args.out)
+    skipped_in_ci = skips_fail() and any(r.status == "skipped" for r in records)
+    failed = bool(report.failed or load_errors or skipped_in_ci)
+    print(f"{'FAILED' if failed else 'PASSED'}: {len(report.failed)} of {len(records)} cases failed"
+          + (f", {len(load_errors)} files not loaded" if load_errors else "")
+          + (", skips count as failures under CI=true" if skipped_in_ci else "")
+          + f"; report: {paths['html']}", file=progress, flush=True)
+    return 1 if failed else 0
+
+
+def _existing(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,98 @@
+"""`resilience repeat PATH... --times K`: run every case K times over, in rounds (the whole
+selection, then again), and report each case whose verdict, restored step or pass/fail changed
+between rounds. A verdict that depends on timing, leftovers of an earlier case, or a cold versus a
+warm reference cache shows up here as a flaky case. The exit status is 0 when every case gave the
+same result in every round.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..core import registry
+from ..errors import ResilienceError, Unavailable
+from ..run.harness import Harness
+from ..oracle.outcome import judge_case
+from ..core.case import Case
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one run of a case concluded; equal observations mean a repeatable case."""
+
+    verdict: str  # a VerdictKind value, or "SKIPPED" / "ERROR" when the case could not run
+    restored_step: int | None  # None for a power_loss case: see observe
+    status: str  # passed | failed | xfailed | skipped | error
+
+
+@dataclass(frozen=True)
+class Repetition:
+    case: str  # source[id]
+    observations: tuple[Observation, ...]  # one per round
+
+    @property
+    def stable(self) -> bool:
+        return len(set(self.observations)) == 1
+
+
+def observe(harness: Harness, case: Case) -> Observation:
+    try:
+        result = harness.run(case)
+    except Unavailable:
+        return Observation("SKIPPED", None, "skipped")
+    except ResilienceError as exc:
+        return Observation("ERROR", None, f"error: {type(exc).__name__}")
+    # An exploring fault's verdict is that of the worst crash state its search drew; which state (and
+    # so its restored step) depends on how the ranks' writes interleaved, the verdict does not.
+    explores = registry.resolve("fault", case.fault.kind).explores
+    step = None if explores else result.verdict.restored_step
+    return Observation(result.verdict.kind.value, step, judge_case(result).status)
+
+
+def repeat(harness: Harness, cases: list[Case], times: int, report: Callable[[str], None]) -> list[Repetition]:
+    rounds: list[list[Observation]] = []
+    for index in range(times):
+        rounds.append([])
+        for case in cases:
+            rounds[-1].append(observe(harness, case))
+            seen = rounds[-1][-1]
+            report(f"round {index + 1}/{times} {seen.status.upper():<7} {seen.verdict:<9} "
+                   f"step {seen.restored_step} {case.source}[{case.id}]")
+    return [Repetition(f"{case.source}[{case.id}]", tuple(r[i] for r in rounds)) for i, case in enumerate(cases)]
+
+
+def summary(repetitions: list[Repetition], times: int) -> str:
+    changed = [r for r in repetitions if not r.stable]
+    lines = [f"CHANGED {r.case}: " + " | ".join(f"{o.verdict} step {o.restored_step} {o.status}"
+                                                 for o in r.observations) for r in changed]
+    lines.append(f"{len(repetitions) - len(changed)}/{len(repetitions)} cases gave the same verdict in all "
+                 f"{times} rounds; {len(changed)} changed")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--times", type=int, default=5, help="rounds over the selection (default 5)")
+    parser.add_argument("--tier", choices=("smoke", "full"), default=None,
+                        help="only the cases of this tier (default: every case)")
+    parser.add_argument("--json", type=Path, help="also write every observation to this file")
+
+
+def select(cases: Iterable[Case], case_id: str | None, tier: str | None) -> list[Case]:
+    return [c for c in cases if (case_id is None or c.id == case_id) and (tier is None or c.tier == tier)]
+
+
+def main(args: argparse.Namespace, harness: Harness, cases: list[Case]) -> int:
+    if args.times < 2:
+        print(f"ERROR --times: must be at least 2 to compare rounds; got {args.times}", flush=True)
+        return 2
+    if not cases:
+        print("ERROR no case selected", flush=True)
+        return 2
+    repetitions = repeat(harness, cases, args.times, lambda line: print(line, flush=True))
+    print(summary(repetitions, args.times), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) | {"stable": r.stable} for r in repetitions], indent=1))
+    return 0 if all(r.stable for r in repetitions) else 1

@@ -1,0 +1,112 @@
+"""The files of one case run under torchrun, shared by the driver and the ranks (on several nodes the
+case directory must be on a filesystem every node sees, as the checkpoint directory must anyway).
+
+    CASE_DIR/
+      case.json                    the case every rank reads
+      checkpoints/                 the strategy's directory
+      tmp/                         TMPDIR of torchrun (its torchelastic_* directories) and of the ranks
+      plans/<phase>.json           the driver's plan of each phase; a rank sets its incarnation's directory
+      launch<L>.restart<R>/        one incarnation: the driver's launch L, TORCHELASTIC_RESTART_COUNT R
+        <phase>/                   plan.json, rank<r>.events.jsonl, rank<r>.out, rank<r>.err
+        outcome.rank<r>.json       how the rank process ended, written by its supervisor
+      torchrun.launch<L>.log       torchrun's own output
+
+Imports nothing heavy: the supervisor torchrun starts reads it before forking its rank.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .plan import PhasePlan
+
+LAUNCH_ENV = "RESILIENCE_TORCHRUN_LAUNCH"  # which launch of torchrun by the driver this process belongs to
+_INCARNATION = re.compile(r"^launch(\d+)\.restart(\d+)$")
+
+
+@dataclass(frozen=True, order=True)
+class Incarnation:
+    """One start of the rank group: the driver's ``launch`` of torchrun and the elastic agent's
+    ``restart`` count within it (TORCHELASTIC_RESTART_COUNT)."""
+
+    launch: int
+    restart: int
+
+    @property
+    def name(self) -> str:
+        return f"launch{self.launch}.restart{self.restart}"
+
+    @property
+    def is_first(self) -> bool:
+        return self.launch == 0 and self.restart == 0
+
+    @classmethod
+    def from_environment(cls, environ) -> Incarnation:
+        return cls(launch=int(environ.get(LAUNCH_ENV, "0")),
+                   restart=int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+
+
+@dataclass(frozen=True)
+class TorchrunLayout:
+    case_dir: Path
+
+    @property
+    def case_file(self) -> Path:
+        return self.case_dir / "case.json"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.case_dir / "checkpoints"
+
+    @property
+    def temp_dir(self) -> Path:
+        return self.case_dir / "tmp"
+
+    def template(self, phase: str) -> Path:
+        return self.case_dir / "plans" / f"{phase}.json"
+
+    def incarnation_dir(self, incarnation: Incarnation) -> Path:
+        return self.case_dir / incarnation.name
+
+    def phase_dir(self, incarnation: Incarnation, phase: str) -> Path:
+        return self.incarnation_dir(incarnation) / phase
+
+    def outcome_path(self, incarnation: Incarnation, rank: int) -> Path:
+        return self.incarnation_dir(incarnation) / f"outcome.rank{rank}.json"
+
+    def torchrun_log(self, launch: int) -> Path:
+        return self.case_dir / f"torchrun.launch{launch}.log"
+
+    def plan(self, incarnation: Incarnation, phase: str) -> PhasePlan:
+        """The phase's plan in this incarnation: the driver's template, in the incarnation's directory."""
+        template = PhasePlan.read(self.template(phase))
+        return replace(template, phase_dir=str(self.phase_dir(incarnation, phase)))
+
+    def incarnations(self) -> list[Incarnation]:
+        return incarnations_in(self.case_dir)
+
+    def read_outcome(self, incarnation: Incarnation, rank: int) -> dict | None:
+        try:
+            return json.loads(self.outcome_path(incarnation, rank).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+
+def incarnations_in(directory: Path) -> list[Incarnation]:
+    """The incarnations that left a directory under ``directory``, oldest first."""
+    found = []
+    for path in directory.iterdir() if directory.is_dir() else ():
+        match = _INCARNATION.match(path.name)
+        if match and path.is_dir():
+            found.append(Incarnation(int(match[1]), int(match[2])))
+    return sorted(found)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Readers (and other ranks writing the same content) see the old file or the new one, never half."""
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    staging.write_text(text)
+    os.replace(staging, path)

@@ -1,0 +1,131 @@
+"""The records passed between layers once ranks have run: what each rank left behind, what a
+phase and a case produced, and the verdict the oracle gave. Frozen, so no layer edits another's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .case import Case, VerdictKind
+
+
+@dataclass(frozen=True)
+class RankError:
+    """The evidence of a LOUD verdict: who failed, where, with what."""
+
+    rank: int
+    phase: str
+    type: str
+    message: str
+    traceback: str
+    time: float
+    chain: tuple[str, ...] = ()  # 'Type: message' of the exceptions it was raised from
+
+    def summary(self) -> str:
+        head = f"{self.type}: {self.message}"
+        return head + "".join(f" (from {link})" for link in self.chain)
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    rank: int
+    returncode: int | None
+    events: tuple[dict, ...]
+    stdout_tail: str
+    stderr_tail: str
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    name: str
+    world_size: int
+    status: str  # "completed", "failed", "fault_killed" or "deadline"
+    ranks: tuple[RankRecord, ...]
+    first_error: RankError | None
+    fault_events: tuple[dict, ...]
+    elapsed_s: float
+    hang_summary: tuple[str, ...] = ()  # at a deadline: where each rank was waiting
+
+    def events(self, kind: str) -> list[dict]:
+        return [e for record in self.ranks for e in record.events if e["event"] == kind]
+
+    def losses(self, rank: int) -> dict[int, float]:
+        return {e["step"]: e["loss"] for e in self.ranks[rank].events if e["event"] == "loss"}
+
+    def restored(self) -> dict[int, dict]:
+        return {e["rank"]: e for e in self.events("restored")}
+
+
+@dataclass(frozen=True)
+class Divergence:
+    phase: str
+    rank: int
+    step: int
+    expected: float | None
+    got: float | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: VerdictKind
+    findings: tuple[str, ...]  # why, in the order found
+    first_error: RankError | None
+    restored_step: int | None
+    complete_step: int  # newest checkpoint whose save had returned on every rank before the fault
+    divergence: Divergence | None = None
+    hung_phase: str | None = None
+    state_diff: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    case: Case
+    verdict: Verdict
+    phases: tuple[PhaseResult, ...]
+    work_dir: Path
+
+    @property
+    def fault_fired(self) -> bool:
+        return any(phase.fault_events for phase in self.phases)
+
+    # -- figures a qualification report shows (derived from the phases' events) ----------------
+    def phase(self, name: str) -> PhaseResult | None:
+        return next((p for p in self.phases if p.name == name), None)
+
+    def loss_series(self, name: str) -> dict[int, float]:
+        """Loss per step in phase ``name``, from whichever ranks reported it (a killed rank stops early)."""
+        found = self.phase(name)
+        series: dict[int, float] = {}
+        for record in found.ranks if found else ():
+            for event in record.events:
+                if event["event"] == "loss":
+                    series.setdefault(event["step"], event["loss"])
+        return dict(sorted(series.items()))
+
+    @property
+    def steps_lost(self) -> int | None:
+        """Steps the first run had trained that the restart had to train again (None: no restore)."""
+        restored, trained = self.verdict.restored_step, self.loss_series("first_run")
+        return None if restored is None else max(0, max(trained, default=0) - restored)
+
+    @property
+    def restore_s(self) -> float | None:
+        """Wall time of the restart's ``strategy.load``: its slowest rank."""
+        restart = self.phase("restart")
+        times = [e["load_s"] for e in restart.events("restored") if "load_s" in e] if restart else []
+        return max(times) if times else None
+
+    @property
+    def save_s(self) -> dict[int, float]:
+        """Per checkpoint step saved on every rank: first ``save_begin`` to last ``save_returned``."""
+        first_run = self.phase("first_run")
+        if first_run is None:
+            return {}
+        begun: dict[int, list[float]] = {}
+        returned: dict[int, list[float]] = {}
+        for event in first_run.events("save_begin"):
+            begun.setdefault(event["step"], []).append(event["time"])
+        for event in first_run.events("save_returned"):
+            returned.setdefault(event["step"], []).append(event["time"])
+        return {step: max(returned[step]) - min(begun[step]) for step in sorted(returned)
+                if len(returned[step]) == first_run.world_size and step in begun}

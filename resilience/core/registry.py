@@ -1,0 +1,80 @@
+"""Resolve the names a scenario uses to plug-in classes: built-in names or `package.module:Class`."""
+from __future__ import annotations
+
+import importlib
+import re
+
+from ..errors import PluginError
+
+STRATEGIES = {
+    "none": "resilience.strategies.noop:NoCheckpoint",
+    "torch.rank0": "resilience.strategies.torch_native:RankZeroSave",
+    "torch.per_rank": "resilience.strategies.torch_native:PerRankSave",
+    "deepspeed.zero1": "resilience.strategies.deepspeed_zero:Zero1",
+    "deepspeed.zero2": "resilience.strategies.deepspeed_zero:Zero2",
+    "deepspeed.zero3": "resilience.strategies.deepspeed_zero:Zero3",
+    "megatron": "resilience.strategies.megatron:MegatronCheckpoint",
+    "dcp": "resilience.strategies.dcp:DcpCheckpoint",
+    "manifest": "resilience.strategies.manifest:ManifestCheckpoint",
+}
+FAULTS = {
+    "none": "resilience.faults.noop:NoFault",
+    "kill": "resilience.faults.kill:Kill",
+    "disk_full": "resilience.faults.disk_full:DiskFull",
+    "stall": "resilience.faults.stall:Stall",
+    "partition": "resilience.faults.network:Partition",
+    "throttle": "resilience.faults.network:Throttle",
+    "preempt": "resilience.faults.preempt:Preempt",
+    "version_mismatch": "resilience.faults.version:VersionMismatch",
+    "power_loss": "resilience.faults.power_loss:PowerLoss",
+    "bit_flip": "resilience.faults.corruption:BitFlip",
+    "truncate": "resilience.faults.corruption:Truncate",
+    "zero_block": "resilience.faults.corruption:ZeroBlock",
+    "missing_file": "resilience.faults.corruption:MissingFile",
+    "duplicate_file": "resilience.faults.corruption:DuplicateFile",
+    "stale_pointer": "resilience.faults.corruption:StalePointer",
+    "malicious_pickle": "resilience.faults.hostile:MaliciousPickle",
+    "read_error": "resilience.faults.storage:ReadError",
+    "slow_read": "resilience.faults.storage:SlowRead",
+    "read_only": "resilience.faults.storage:ReadOnly",
+    "straggler": "resilience.faults.straggler:Straggler",
+    "tag_mismatch": "resilience.faults.disagreement:TagMismatch",
+}
+WORKLOADS = {
+    "mlp": "resilience.workloads.mlp:MLPWorkload",
+    "tp_mlp": "resilience.workloads.parallel_mlp:TensorParallelMLP",
+}
+TABLES = {"strategy": STRATEGIES, "fault": FAULTS, "workload": WORKLOADS}
+BASES = {
+    "strategy": "resilience.strategies.base:CheckpointStrategy",
+    "fault": "resilience.faults.base:Fault",
+    "workload": "resilience.workloads.mlp:Workload",
+}
+IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def is_import_path(name: str) -> bool:
+    return bool(IMPORT_PATH.match(name))
+
+
+def _import(target: str):
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attr)
+
+
+def resolve(kind: str, name: str) -> type:
+    """The class for `name`: a built-in name of this kind or `package.module:Class` (a subclass of the base)."""
+    table = TABLES[kind]
+    if name in table:
+        return _import(table[name])
+    if not is_import_path(name):
+        raise PluginError(f"unknown {kind} {name!r}; allowed: {', '.join(table)} or package.module:Class")
+    try:
+        cls = _import(name)
+    except (ImportError, AttributeError) as exc:
+        raise PluginError(f"cannot import {kind} {name!r}: {type(exc).__name__}: {exc}") from exc
+    base = _import(BASES[kind])
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise PluginError(f"{kind} {name!r} is not a subclass of {base.__module__}.{base.__name__}")
+    return cls

@@ -1,0 +1,1 @@
+"""What a rank's files go through: write and read interception, IO traces, the crash-state model."""

@@ -1,0 +1,1 @@
+"""How rank processes start: the fork server, spawned interpreters, layered packages."""

@@ -1,0 +1,73 @@
+"""Where a restart runs when it should not run in the harness's own environment: another Python
+interpreter (``restart.python``), or this one with other releases of some packages layered over it
+(``restart.packages``), so that a user qualifies an upgrade or a downgrade: save with one DeepSpeed
+or torch, restore with another.
+
+Layered packages are installed once with ``pip install --no-deps --target`` into a cached
+directory that goes first on the restart ranks' ``PYTHONPATH``, so they shadow the installed ones
+and everything else comes from this environment.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import HarnessError, Unavailable
+from ..core.directory_cache import DirectoryCache
+
+INSTALL_TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """How to start a rank process: the executable and what goes first on its import path."""
+
+    python: str
+    path_prefix: tuple[str, ...] = ()
+    inherit_path: bool = True  # False for a foreign interpreter: its own site-packages, not ours
+
+
+def default_packages_dir() -> Path:
+    configured = os.environ.get("RESILIENCE_PACKAGES")
+    return Path(configured) if configured else Path.home() / ".cache" / "resilience" / "packages"
+
+
+def layered_packages(requirements: tuple[str, ...], root: Path | None = None) -> Path:
+    """A directory holding ``requirements`` (without their dependencies), installed once per
+    interpreter and set of requirements; safe when several harnesses ask at the same time."""
+    identity = json.dumps({"python": sys.version, "prefix": sys.prefix, "requirements": sorted(requirements)})
+
+    def install(target: Path) -> None:
+        env = dict(os.environ, DS_BUILD_OPS="0", PIP_DISABLE_PIP_VERSION_CHECK="1")
+        command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
+                   *requirements]
+        try:
+            done = subprocess.run(command, check=False, capture_output=True, text=True, env=env,
+                                  timeout=INSTALL_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise Unavailable(f"installing {' '.join(requirements)} took over {INSTALL_TIMEOUT_S} s") from None
+        if done.returncode:
+            raise Unavailable(f"cannot install {' '.join(requirements)} for the restart: "
+                              f"{(done.stdout + done.stderr).strip()[-1500:]}")
+
+    cache = DirectoryCache(root or default_packages_dir())  # one complete directory per key, built once
+    return cache.entry(hashlib.sha256(identity.encode()).hexdigest()[:24], install)
+
+
+def for_restart(python: str | None, packages: tuple[str, ...], scenario_source: str) -> Interpreter | None:
+    """The interpreter the restart phase runs under, or None for the harness's own (forked) ranks."""
+    if packages:
+        return Interpreter(python=sys.executable, path_prefix=(str(layered_packages(packages)),))
+    if python is None:
+        return None
+    path = Path(python).expanduser()
+    if not path.is_absolute():  # relative to the scenario file, like a path in a conftest
+        path = Path(scenario_source).resolve().parent / path
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise HarnessError(f"restart.python: {python!r} is not an executable file (looked at {path})")
+    return Interpreter(python=str(path), inherit_path=False)

@@ -1,0 +1,1 @@
+"""Measurements of the machine a qualification runs on: environment, filesystem bandwidth, throughput."""

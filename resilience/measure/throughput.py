@@ -1,0 +1,67 @@
+"""A strategy's save and restore throughput on the checkpoint filesystem, through a real no-fault case.
+
+The case trains a larger model than the scenarios do (``size``), saves it twice with the strategy
+under test, restarts and restores the newest checkpoint, all in real rank processes on the same
+filesystem the raw probe measured. Bytes per checkpoint are what the strategy left on disk divided
+by the number of saves.
+"""
+from __future__ import annotations
+
+import shutil
+import statistics
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..core.records import CaseResult
+from ..run.harness import Harness
+from ..scenario.loader import load_document
+from ..report.qualification import StrategyThroughput
+from ..core.case import VerdictKind
+
+STEPS, CHECKPOINT_EVERY = 4, 2
+
+
+def throughput_case(name: str, options: Mapping[str, Any], size_bytes: int, world_size: int):
+    document = {
+        "name": f"throughput of {name}",
+        "description": "a larger no-fault case whose saves and restore are timed",
+        "strategy": {"name": name, "options": dict(options)},
+        "workload": {"model": "mlp", "world_size": world_size, "steps": STEPS, "checkpoint_every": CHECKPOINT_EVERY,
+                     "global_batch": 4 * world_size, "size": size_bytes},
+        "fault": {"kind": "none"},
+        "restart": {"world_size": world_size},
+        "expect": "recovers",
+        "timeouts": {"phase": 600, "collective": 300},
+    }
+    return load_document(document, f"<throughput {name}>").cases[0]
+
+
+def checkpoint_bytes(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def figures_of(result: CaseResult, label: str, raw_bytes_per_s: float, total_bytes: int) -> StrategyThroughput:
+    saves = result.save_s
+    return StrategyThroughput(
+        strategy=label, world_size=result.case.workload.world_size,
+        bytes_per_checkpoint=total_bytes // max(1, len(result.case.workload.checkpoint_steps)),
+        save_s=statistics.median(saves.values()) if saves else 0.0, restore_s=result.restore_s or 0.0,
+        raw_bytes_per_s=raw_bytes_per_s, verdict=result.verdict.kind.value)
+
+
+def measure(harness: Harness, name: str, options: Mapping[str, Any], label: str, size_bytes: int,
+            world_size: int, raw_bytes_per_s: float) -> StrategyThroughput:
+    """Run the throughput case with ``harness`` (which must keep work directories: the bytes are
+    counted afterwards) and remove its directory."""
+    case = throughput_case(name, options, size_bytes, world_size)
+    result = harness.run(case)
+    try:
+        total = checkpoint_bytes(result.work_dir / "checkpoints")
+    finally:
+        shutil.rmtree(result.work_dir, ignore_errors=True)
+    figure = figures_of(result, label, raw_bytes_per_s, total)
+    if result.verdict.kind is not VerdictKind.RECOVERED:
+        raise RuntimeError(f"the throughput case of {label} gave {figure.verdict}: "
+                           + "; ".join(result.verdict.findings[:3]))
+    return figure

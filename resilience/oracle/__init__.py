@@ -1,0 +1,1 @@
+"""Events -> verdict -> outcome: one set of rules for the harness, torchrun and black-box mode."""

@@ -1,0 +1,40 @@
+"""Does a case pass? Its verdict against the scenario's expectation and known issue."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..core.records import CaseResult
+from ..core.case import VerdictKind
+
+
+@dataclass(frozen=True)
+class CaseOutcome:
+    status: str  # "passed", "failed" or "xfailed"
+    reason: str
+
+
+def judge_case(result: CaseResult) -> CaseOutcome:
+    case, verdict = result.case, result.verdict
+    if case.fault.kind != "none" and not result.fault_fired:
+        return CaseOutcome("failed", f"the {case.fault.kind} fault never fired: its trigger "
+                                     f"{case.fault.trigger} was never reached, so the case tested nothing")
+    matches = verdict.kind is case.expect.verdict
+    if matches and case.expect.error and verdict.kind is VerdictKind.LOUD:
+        text = verdict.first_error.summary() if verdict.first_error else ""
+        if not re.search(case.expect.error, text):
+            matches = False
+            mismatch = f"the error {text!r} does not match /{case.expect.error}/"
+    if case.known_issue:
+        issue = case.known_issue
+        if verdict.kind is issue.verdict:
+            return CaseOutcome("xfailed", f"known issue ({issue.verdict.value}): {issue.reason} {issue.link}")
+        if matches:
+            return CaseOutcome("failed", f"the known issue no longer reproduces: expected {issue.verdict.value} "
+                                         f"({issue.link}) but the case now gives {verdict.kind.value}; "
+                                         f"remove known_issue from the scenario")
+    if matches:
+        return CaseOutcome("passed", "")
+    if verdict.kind is case.expect.verdict:
+        return CaseOutcome("failed", mismatch)
+    return CaseOutcome("failed", f"verdict {verdict.kind.value}, expected {case.expect.verdict.value}")

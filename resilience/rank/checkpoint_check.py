@@ -1,0 +1,97 @@
+"""One rank of `resilience verify`: `python -m resilience.rank.checkpoint_check PLAN.json RANK`.
+
+Loads an existing checkpoint with its strategy, as a restarted job would (``previous_rank`` = this
+rank), and reports what it restored: the step, a digest of every state entry, and with
+``step_check`` the evaluation loss the checkpoint recorded at save time, the same loss recomputed
+from the loaded state, and the loss of one training step run after it. Writes nothing under the
+checkpoint directory itself; import-safe like the worker.
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import traceback
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CheckPlan:
+    checkpoint_dir: str
+    world_size: int
+    store_path: str
+    case_file: str  # the workload and strategy, as the harness hands them to its ranks
+    events_dir: str
+    step_check: bool
+    collective_timeout_s: float
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self)))
+
+    @classmethod
+    def read(cls, path: Path) -> CheckPlan:
+        return cls(**json.loads(Path(path).read_text()))
+
+    def events_path(self, rank: int) -> Path:
+        return Path(self.events_dir) / f"rank{rank}.events.jsonl"
+
+
+def run(plan: CheckPlan, rank: int, emit) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from ..core import registry
+    from ..scenario.loader import read_case_file
+    from ..strategies.base import StrategyContext
+    from .worker import use_private_temp_dir
+
+    torch.set_num_threads(1)
+    use_private_temp_dir()
+    case = read_case_file(Path(plan.case_file))
+    dist.init_process_group("gloo", store=dist.FileStore(plan.store_path, plan.world_size), rank=rank,
+                            world_size=plan.world_size, timeout=timedelta(seconds=plan.collective_timeout_s))
+    context = StrategyContext(checkpoint_dir=Path(plan.checkpoint_dir), rank=rank, world_size=plan.world_size,
+                              previous_rank=rank, options=dict(case.strategy.options))
+    strategy = registry.resolve("strategy", case.strategy.name)(context)
+    workload = strategy.prepare(registry.resolve("workload", case.workload.model)(case.workload, rank, plan.world_size))
+    strategy.load(workload)
+    fingerprint = workload.fingerprint()
+    local = set(workload.rank_local_keys)
+    emit("restored", step=workload.step, fingerprint=fingerprint,
+         replicated=sorted(k for k in fingerprint if k.split(".", 1)[0].split("[", 1)[0] not in local))
+    if plan.step_check:
+        evaluate = getattr(workload, "evaluation_loss", None)
+        emit("check_loss", recorded=getattr(strategy, "recorded_check_loss", None),
+             measured=evaluate() if evaluate is not None else None)
+        emit("trained", step=workload.step + 1, loss=workload.train_step())
+    dist.barrier()
+    emit("done")
+    dist.destroy_process_group()
+
+
+def main(argv: list[str]) -> int:
+    from ..core.events import EventLog
+    from .worker import die_with_parent, exception_chain
+
+    plan = CheckPlan.read(Path(argv[1]))
+    rank = int(argv[2])
+    die_with_parent()
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    events = EventLog(plan.events_path(rank), rank)
+    try:
+        run(plan, rank, events.emit)
+    except BaseException as exc:  # every failure is evidence: the checkpoint did not load here
+        events.emit("error", type=type(exc).__name__, message=str(exc)[:4000], chain=exception_chain(exc),
+                    traceback=traceback.format_exc()[-8000:])
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)  # peers may wait in a collective
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

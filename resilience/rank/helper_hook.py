@@ -1,0 +1,49 @@
+"""Faults in the processes a rank's libraries start themselves (a checkpoint writer started with
+the spawn method): they inherit the rank's environment, so the rank exposes its fault there
+through a startup hook (``resilience/rank/startup/sitecustomize.py``) before the library starts them.
+
+In such a helper the fault is armed with ``process="helper"``, follows the step of the last save its
+rank began (a background writer writes after the rank's save call returned), writes its events into the rank's event log, and reaches the helper's files
+through the same interception layer as in the rank.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+ENV_VAR = "RESILIENCE_HELPER_HOOK"
+STARTUP_DIR = Path(__file__).resolve().parent / "startup"
+
+
+def expose(*, rank: int, world_size: int, case_file: Path, checkpoint_dir: Path, events_path: Path,
+           clock_path: Path) -> None:
+    """In the rank, before any library starts a helper: every child it starts arms the fault."""
+    from ..core.paths import PROJECT_ROOT
+
+    os.environ[ENV_VAR] = json.dumps({
+        "rank": rank, "world_size": world_size, "case_file": str(case_file), "rank_pid": os.getpid(),
+        "checkpoint_dir": str(checkpoint_dir), "events": str(events_path), "clock": str(clock_path),
+        "project_root": str(PROJECT_ROOT)})
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(STARTUP_DIR)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+
+def install(config_text: str) -> None:
+    """In a helper process, at interpreter start."""
+    config = json.loads(config_text)
+    if config["rank_pid"] == os.getpid():
+        return  # the rank itself (re-executed): it arms its fault on its own
+    from ..core import registry
+    from ..faults.base import FollowedClock, RankEnvironment
+    from ..disk.interception import Interceptor
+    from ..scenario.loader import read_case_file
+    from ..core.events import EventLog
+
+    case = read_case_file(Path(config["case_file"]))
+    fault = registry.resolve("fault", case.fault.kind)(case.fault)
+    checkpoint_dir = Path(config["checkpoint_dir"])
+    events = EventLog(Path(config["events"]), config["rank"])
+    fault.arm(RankEnvironment(rank=config["rank"], world_size=config["world_size"], checkpoint_dir=checkpoint_dir,
+                              clock=FollowedClock(Path(config["clock"])), emit=events.emit, process="helper"))
+    Interceptor(checkpoint_dir, [fault]).install()

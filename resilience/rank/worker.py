@@ -1,0 +1,223 @@
+"""One rank of one phase: `python -m resilience.rank.worker PLAN.json RANK`.
+
+Import-safe: nothing runs at import, so libraries that start helpers with the spawn method can
+re-import this module without re-running a rank.
+"""
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import json
+import os
+import resource
+import signal
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from ..core.events import EventLog
+from ..core.plan import RESTART, PhasePlan
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this rank when its parent (the harness, or the forkserver, which
+    itself exits with the harness) dies, so no rank outlives the run."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the parent died before the request took effect
+        os._exit(3)
+
+
+def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from ..core import registry
+    from ..core.device import for_rank
+    from ..faults.base import Clock, RankEnvironment
+    from ..disk.interception import Interceptor
+    from ..scenario.loader import read_case_file
+    from ..strategies.preemption import EMERGENCY_PHASE, EmergencySave, wanted_by
+    from ..strategies.base import StrategyContext
+
+    torch.set_num_threads(1)  # reductions over several threads change the bits of a sum
+    use_private_temp_dir()
+    case = read_case_file(Path(plan.case_file))
+    topology = plan.placement()
+    checkpoint_dir = topology.storage_dir(Path(plan.checkpoint_dir), rank)  # node-local storage: its node's
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    clock = Clock()
+
+    fault_class = registry.resolve("fault", case.fault.kind)
+    at_restart = plan.name == RESTART and fault_class.arms_at_restart
+    fault = fault_class(case.fault) if plan.inject or at_restart else None
+    if fault and fault.needs_interception():
+        # Only then: torch.save given a path writes from C++, and the real thing should stay real.
+        Interceptor(checkpoint_dir, [fault]).install()
+    if fault:
+        fault.arm(RankEnvironment(rank=rank, world_size=plan.world_size, checkpoint_dir=checkpoint_dir,
+                                  clock=clock, emit=events.emit, case_dir=Path(plan.case_file).parent,
+                                  incarnation="restart" if at_restart else "first_run"))
+    if fault and fault.needs_read_interception():  # asked once armed: it may depend on the incarnation
+        from ..disk.read_interception import ReadInterceptor
+
+        ReadInterceptor(checkpoint_dir, [fault]).install()
+
+    if fault and fault.reaches_helpers():
+        from .helper_hook import expose
+
+        clock.publish_to = Path(plan.phase_dir) / f"rank{rank}.clock"
+        expose(rank=rank, world_size=plan.world_size, case_file=Path(plan.case_file), checkpoint_dir=checkpoint_dir,
+               events_path=plan.events_path(rank), clock_path=clock.publish_to)
+
+    owns_group = not dist.is_initialized()  # a launcher's entry (torchrun) may have joined already
+    if owns_group:
+        store = dist.FileStore(plan.store_path, plan.world_size)
+        dist.init_process_group(for_rank(rank).backend, store=store, rank=rank, world_size=plan.world_size,
+                                timeout=timedelta(seconds=plan.collective_timeout_s))
+    events.emit("joined", world_size=plan.world_size, versions=_versions(), node=topology.node_of(rank),
+                local_rank=topology.local_rank(rank))
+    context = StrategyContext(checkpoint_dir=checkpoint_dir, rank=rank, world_size=plan.world_size,
+                              previous_rank=plan.rank_map[rank] if plan.start == "strategy" else None,
+                              options=dict(case.strategy.options), topology=topology)
+    # every phase, the oracle's too: a strategy whose engine trains the model trains it everywhere
+    strategy = registry.resolve("strategy", case.strategy.name)(context)
+    if fault:
+        fault.attach(strategy)
+    workload_cls = registry.resolve("workload", case.workload.model)
+    workload = workload_cls(case.workload, rank, plan.world_size, **(
+        {"topology": topology} if workload_cls.model_parallel else {}))  # collective: it may build groups
+    workload = strategy.prepare(workload)
+    snapshots = Path(plan.snapshot_dir) if plan.snapshot_dir else None
+
+    load_started = time.monotonic()  # the time to restore goes in the report
+    if plan.start == "strategy":
+        clock.phase = "load"
+        strategy.load(workload)
+    elif plan.start == "snapshot":
+        workload.load_reference_snapshot(snapshots / f"step_{plan.snapshot_step}")
+    clock.phase = "idle"
+    events.emit("restored", step=workload.step, fingerprint=workload.fingerprint(),
+                load_s=time.monotonic() - load_started)
+    if plan.record_states and snapshots is not None and plan.start == "fresh":
+        workload.save_reference_snapshot(snapshots / f"step_{workload.step}")
+
+    every = case.workload.checkpoint_every
+    emergency = EmergencySave(events.emit) if plan.save and wanted_by(strategy) else None
+    saved_step = workload.step if plan.start == "strategy" else None
+
+    def emergency_save() -> None:
+        clock.phase = EMERGENCY_PHASE
+        strategy.save(workload, workload.step)
+        clock.phase = "idle"
+
+    while workload.step < case.workload.steps:
+        if emergency is not None and emergency.requested():  # between steps, agreed by every rank
+            emergency.stop(workload.step, None if saved_step == workload.step else emergency_save)
+        step = workload.step + 1
+        clock.phase, clock.step = "train", step
+        if fault:
+            fault.at("train", step)
+        loss = workload.train_step()
+        clock.phase = "idle"
+        events.emit("loss", step=step, loss=loss)
+        if plan.record_states:  # every step: an emergency save (on SIGTERM) may restore any of them
+            events.emit("state", step=step, fingerprint=workload.fingerprint())
+        if step % every:
+            continue
+        if plan.record_states and snapshots is not None:
+            workload.save_reference_snapshot(snapshots / f"step_{step}")
+        if plan.save:
+            clock.phase, clock.save_step = "save", step
+            events.emit("save_begin", step=step)
+            if fault:
+                fault.at("save", step)
+            strategy.save(workload, step)
+            clock.phase = "idle"
+            events.emit("save_returned", step=step)
+            if fault:
+                fault.after_save(strategy, step)
+            saved_step = step
+    if plan.save:
+        strategy.finish(workload)
+    dist.barrier()
+    events.emit("done", step=workload.step, peak_rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    if owns_group:
+        dist.destroy_process_group()
+
+
+def use_private_temp_dir() -> None:
+    """Temporary files of this rank and of every process its libraries start (multiprocessing's
+    pymp-* directories and sockets, a writer's scratch files) go into a directory the harness
+    removes when it destroys the rank (`core.paths.rank_temp_dir`): a rank ends by os._exit or
+    SIGKILL, so their own cleanup never runs. Short, for AF_UNIX socket paths (108 bytes)."""
+    import tempfile
+    from multiprocessing import process
+
+    from ..core.paths import rank_temp_dir
+
+    directory = rank_temp_dir(os.getpid())
+    directory.mkdir(exist_ok=True)
+    os.environ["TMPDIR"] = str(directory)
+    tempfile.tempdir = str(directory)
+    process.current_process()._config.pop("tempdir", None)  # a forked rank may inherit its server's
+
+
+def _versions() -> dict[str, str | None]:
+    """What this rank runs with: a restart may run under another interpreter or other packages."""
+    from importlib import metadata
+
+    import torch
+
+    versions = {"executable": sys.executable, "python": sys.version.split()[0], "torch": torch.__version__}
+    for package in ("deepspeed",):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return versions
+
+
+def exception_chain(exc: BaseException) -> list[str]:
+    """'Type: message' of the causes and contexts under ``exc`` (torch.save, for one, reports an
+    ENOSPC from a file object's write as a RuntimeError whose context is the OSError)."""
+    chain, seen = [], {id(exc)}
+    current = exc.__cause__ or exc.__context__
+    while current is not None and id(current) not in seen and len(chain) < 8:
+        seen.add(id(current))
+        chain.append(f"{type(current).__name__}: {str(current)[:1000]}")
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def main(argv: list[str]) -> int:
+    plan = PhasePlan.read(Path(argv[1]))
+    rank = int(argv[2])
+    die_with_parent()
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    events = EventLog(plan.events_path(rank), rank)
+    try:
+        run(plan, rank, events)
+    except BaseException as exc:  # every failure, SystemExit included, is evidence for the verdict
+        report_failure(events, exc)
+        os._exit(1)  # peers may be stuck in a collective: do not wait for a clean shutdown
+    return 0
+
+
+def report_failure(events: EventLog, exc: BaseException) -> None:
+    """The rank's error as the verdict's evidence (event log) and for people (stderr)."""
+    events.emit("error", type=type(exc).__name__, message=str(exc)[:4000], chain=exception_chain(exc),
+                traceback=traceback.format_exc()[-8000:])
+    traceback.print_exc()
+    sys.stderr.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,1 @@
+"""Rendering results: the text report, qualification records, HTML, SVG plots, JUnit XML."""

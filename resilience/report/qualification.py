@@ -1,0 +1,169 @@
+"""What a qualification run found, as frozen records the report writers render (HTML, JSON, JUnit).
+
+`CaseRecord.of(result, outcome)` keeps from a `CaseResult` only what a reader needs: the verdict
+against the expectation, the loss series of the reference, first and restored runs, steps lost,
+time to restore, and the per-rank logs of a failed case.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..measure.environment import Environment
+from ..measure.fsprobe import BandwidthProbe
+from ..core.records import CaseResult
+from ..oracle.outcome import CaseOutcome
+from .text import replay_command
+from ..core.case import Case
+
+PASSING = ("passed", "xfailed")
+FAILING = ("failed", "error")  # a skip fails only under CI=true (the caller decides)
+
+
+@dataclass(frozen=True)
+class RankLog:
+    phase: str
+    rank: int
+    returncode: int | None
+    stdout_tail: str
+    stderr_tail: str
+
+
+@dataclass(frozen=True)
+class CaseRecord:
+    source: str
+    case_id: str
+    name: str
+    strategy: str  # the name and options, e.g. "torch.per_rank {stagger: 1}"
+    fault: str  # the kind and its trigger in words
+    status: str  # passed | failed | xfailed | skipped | error
+    reason: str
+    verdict: str | None  # None when the case could not run (skipped, harness error)
+    expected: str
+    elapsed_s: float
+    replay: str
+    restored_step: int | None = None
+    complete_step: int | None = None
+    steps_lost: int | None = None
+    restore_s: float | None = None
+    save_s: tuple[tuple[int, float], ...] = ()
+    reference_losses: tuple[tuple[int, float], ...] = ()
+    first_run_losses: tuple[tuple[int, float], ...] = ()
+    restored_losses: tuple[tuple[int, float], ...] = ()
+    findings: tuple[str, ...] = ()
+    logs: tuple[RankLog, ...] = ()  # only for a case that did not pass
+
+    @property
+    def label(self) -> str:
+        return f"{self.source}[{self.case_id}]"
+
+    @property
+    def passed(self) -> bool:
+        return self.status in PASSING
+
+    @classmethod
+    def not_run(cls, case: Case, status: str, reason: str, elapsed_s: float) -> CaseRecord:
+        return cls(source=case.source, case_id=case.id, name=case.name, strategy=strategy_label(case),
+                   fault=fault_label(case), status=status, reason=reason, verdict=None,
+                   expected=case.expect.verdict.value, elapsed_s=elapsed_s,
+                   replay=replay_command(case.source, case.id))
+
+    @classmethod
+    def of(cls, result: CaseResult, outcome: CaseOutcome, elapsed_s: float) -> CaseRecord:
+        case, verdict = result.case, result.verdict
+        logs = () if outcome.status in PASSING else tuple(
+            RankLog(phase=phase.name, rank=r.rank, returncode=r.returncode, stdout_tail=r.stdout_tail,
+                    stderr_tail=r.stderr_tail)
+            for phase in result.phases[1:] for r in phase.ranks)
+        return cls(source=case.source, case_id=case.id, name=case.name, strategy=strategy_label(case),
+                   fault=fault_label(case), status=outcome.status, reason=outcome.reason,
+                   verdict=verdict.kind.value, expected=case.expect.verdict.value, elapsed_s=elapsed_s,
+                   replay=replay_command(case.source, case.id), restored_step=verdict.restored_step,
+                   complete_step=verdict.complete_step, steps_lost=result.steps_lost,
+                   restore_s=result.restore_s, save_s=tuple(result.save_s.items()),
+                   reference_losses=tuple(result.loss_series("reference").items()),
+                   first_run_losses=tuple(result.loss_series("first_run").items()),
+                   restored_losses=tuple(result.loss_series("restart").items()),
+                   findings=verdict.findings, logs=logs)
+
+
+@dataclass(frozen=True)
+class StrategyThroughput:
+    """One strategy's save and restore on the checkpoint filesystem, next to the raw probe."""
+
+    strategy: str
+    world_size: int
+    bytes_per_checkpoint: int
+    save_s: float  # median over the checkpoints of one run: first rank begins .. last rank returns
+    restore_s: float  # the restart's strategy.load, slowest rank
+    raw_bytes_per_s: float
+    verdict: str
+
+    @property
+    def save_bytes_per_s(self) -> float:
+        return self.bytes_per_checkpoint / self.save_s if self.save_s > 0 else 0.0
+
+    @property
+    def restore_bytes_per_s(self) -> float:
+        return self.bytes_per_checkpoint / self.restore_s if self.restore_s > 0 else 0.0
+
+    @property
+    def save_fraction(self) -> float:
+        return self.save_bytes_per_s / self.raw_bytes_per_s if self.raw_bytes_per_s else 0.0
+
+    @property
+    def restore_fraction(self) -> float:
+        return self.restore_bytes_per_s / self.raw_bytes_per_s if self.raw_bytes_per_s else 0.0
+
+
+@dataclass(frozen=True)
+class Qualification:
+    started: str  # ISO 8601, UTC
+    elapsed_s: float
+    launcher: str
+    command: str
+    environment: Environment
+    cases: tuple[CaseRecord, ...]
+    bandwidth: BandwidthProbe | None = None
+    throughput: tuple[StrategyThroughput, ...] = ()
+    notes: tuple[str, ...] = field(default=())  # what could not be measured, and why
+
+    @property
+    def failed(self) -> tuple[CaseRecord, ...]:
+        return tuple(c for c in self.cases if c.status in FAILING)
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = asdict(self)
+        data["summary"] = summary(self.cases)
+        if self.bandwidth:
+            data["bandwidth"]["bytes_per_s"] = self.bandwidth.bytes_per_s
+        for entry, figure in zip(data["throughput"], self.throughput):
+            entry.update(save_bytes_per_s=figure.save_bytes_per_s, restore_bytes_per_s=figure.restore_bytes_per_s,
+                         save_fraction=figure.save_fraction, restore_fraction=figure.restore_fraction)
+        for entry, record in zip(data["cases"], self.cases):
+            entry["passed"] = record.passed
+        return json.dumps(data, indent=1)
+
+
+def summary(cases: tuple[CaseRecord, ...]) -> dict[str, int]:
+    counts: dict[str, int] = {"total": len(cases)}
+    for case in cases:
+        counts[case.status] = counts.get(case.status, 0) + 1
+    return counts
+
+
+def strategy_label(case: Case) -> str:
+    options = ", ".join(f"{k}: {json.dumps(v)}" for k, v in sorted(case.strategy.options.items()))
+    return case.strategy.name + (f" {{{options}}}" if options else "")
+
+
+def fault_label(case: Case) -> str:
+    fault, trigger = case.fault, case.fault.trigger
+    if trigger is None:
+        return fault.kind
+    where = f"{trigger.phase}/{trigger.point} of step {trigger.step} on rank {trigger.rank}"
+    if trigger.after_bytes is not None:
+        where += f" after {trigger.after_bytes} B"
+    params = ", ".join(f"{k}={v}" for k, v in sorted(fault.params.items()) if v is not None)
+    return f"{fault.kind} at {where}" + (f" ({params})" if params else "")

@@ -1,0 +1,53 @@
+"""Human-readable rendering of a case result: verdict, evidence, per-rank tails, replay command."""
+from __future__ import annotations
+
+import shlex
+
+from ..core.records import CaseResult
+
+
+def replay_command(case_source: str, case_id: str) -> str:
+    args = ["python", "-m", "resilience", "run", case_source]
+    if case_id != "case":
+        args += ["--case", case_id]
+    return shlex.join(args)
+
+
+def verdict_line(result: CaseResult) -> str:
+    case, verdict = result.case, result.verdict
+    restored = "-" if verdict.restored_step is None else verdict.restored_step
+    return (f"{verdict.kind.value:<9} expected {case.expect.verdict.value:<9} {case.source}[{case.id}] "
+            f"(restored step {restored}, newest complete {verdict.complete_step})")
+
+
+def render(result: CaseResult, reason: str = "") -> str:
+    case, verdict = result.case, result.verdict
+    lines = [f"{case.name} [{case.id}]",
+             f"verdict: {verdict.kind.value}   expected: {case.expect.verdict.value}"
+             + (f" matching /{case.expect.error}/" if case.expect.error else "")]
+    if reason:
+        lines.append(f"why this fails: {reason}")
+    lines.append(f"restored step: {verdict.restored_step}   newest checkpoint saved on every rank: "
+                 f"{verdict.complete_step}")
+    for finding in verdict.findings:
+        lines.append(f"  - {finding}")
+    if verdict.divergence:
+        d = verdict.divergence
+        lines.append(f"first diverging step: {d.step} ({d.phase}, rank {d.rank}): "
+                     f"reference {d.expected!r}, got {d.got!r}")
+    for phase in result.phases:
+        fired = "; ".join(_fault_text(e) for e in phase.fault_events)
+        lines.append(f"phase {phase.name}: {phase.status} in {phase.elapsed_s:.1f} s"
+                     + (f"; fault fired: {fired}" if fired else ""))
+    for phase in result.phases[1:]:
+        for record in phase.ranks:
+            if record.stderr_tail.strip() and (phase.first_error or phase.status != "completed"):
+                tail = "\n".join(record.stderr_tail.strip().splitlines()[-15:])
+                lines.append(f"--- {phase.name} rank {record.rank} stderr (tail) ---\n{tail}")
+    lines.append(f"replay: {replay_command(case.source, case.id)}")
+    return "\n".join(lines)
+
+
+def _fault_text(event: dict) -> str:
+    where = f" in {event['file']} at byte {event['offset']}" if event.get("file") else ""
+    return f"{event['kind']} on rank {event['rank']} at step {event['step']} {event['phase']}/{event.get('point')}{where}"

@@ -1,0 +1,147 @@
+"""Runs one case: reference -> first run (fault armed) -> restart -> [continuation], then verify.
+
+Every phase has a deadline; the whole rank group is destroyed at the end of every phase, on the
+first rank failure (as torchrun does) and on any exception in the harness itself.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from ..core import janitor, registry
+from ..launch.backend import BACKENDS, DEFAULT_BACKEND, ProcessBackend, backend_for_restart
+from ..errors import HarnessError, StrategyUnavailable
+from ..faults.base import CaseEnvironment
+from ..core.plan import CONTINUATION, FIRST_RUN, REFERENCE, RESTART, PhasePlan
+from .reference_cache import ReferenceCache, reference_key
+from ..core.case import Case
+from ..core.topology import Topology
+from ..core.records import CaseResult, PhaseResult
+from ..oracle.evidence import collect_phase, phase_events, stderr_tails, where_waiting
+from ..oracle.judge import judge
+from .supervisor import LocalRanks, deadline_after, supervise
+
+
+
+class Harness:
+    """Runs cases. ``cache``: a `ReferenceCache` to share reference runs across cases (None: run
+    the reference in every case)."""
+
+    def __init__(self, backend: ProcessBackend | None = None, work_root: Path | None = None, keep: bool = False,
+                 cache: ReferenceCache | None = None, explore_profile: str | None = None,
+                 explore_restores: int | None = None):
+        self.backend = backend or BACKENDS[DEFAULT_BACKEND]()
+        self.work_root, self.keep, self.cache = work_root, keep, cache
+        # power_loss cases: the explorer's profile (ci, long) and cap on restores, overriding the scenario's
+        self.explore_profile, self.explore_restores = explore_profile, explore_restores
+
+    def run(self, case: Case) -> CaseResult:
+        missing = registry.resolve("strategy", case.strategy.name).missing_for(case.strategy.options)
+        if missing:
+            raise StrategyUnavailable(f"strategy {case.strategy.name} needs {missing}")
+        with janitor.temporary_directory("resilience-", self.work_root, self.keep) as work_dir:
+            return self._run(case, work_dir)
+
+    def _run(self, case: Case, work_dir: Path) -> CaseResult:
+        checkpoint_dir = work_dir / "checkpoints"
+        checkpoint_dir.mkdir()
+        case_file = work_dir / "case.json"
+        case_file.write_text(json.dumps({"source": case.source, "id": case.id, "document": case.document}))
+        plan = _Planner(case, work_dir, case_file, checkpoint_dir)
+        reference, snapshots = self._reference(case, plan)
+        if registry.resolve("fault", case.fault.kind).explores:
+            from .explore import Explorer
+
+            return Explorer(self.run_phase, self.keep, self.explore_profile, self.explore_restores).run(
+                case, work_dir, checkpoint_dir, plan, reference)
+        fault = registry.resolve("fault", case.fault.kind)(case.fault)
+        env = CaseEnvironment(case=case, case_dir=work_dir, checkpoint_dir=checkpoint_dir)
+        phases = [reference]
+        try:
+            fault.setup(env)
+            phases.append(self.run_phase(plan.make(FIRST_RUN, case.workload.world_size, "fresh",
+                                                save=True, inject=True, topology=case.placement), case,
+                                      supervisor=fault if fault.supervises else None))
+            fault.heal(env)
+            restart = self.run_phase(plan.make(RESTART, case.restart.world_size, "strategy", save=True,
+                                            rank_map=case.restart.rank_map, topology=case.restart.placement), case,
+                                  backend=backend_for_restart(case))
+            phases.append(restart)
+            restored = restart.restored()
+            if case.topology_changes and 0 in restored and snapshots is not None:
+                step = restored[0]["step"]
+                if (snapshots / f"step_{step}").is_dir():
+                    phases.append(self.run_phase(plan.make(CONTINUATION, case.restart.world_size, "snapshot",
+                                                        snapshot_dir=snapshots, snapshot_step=step,
+                                                        topology=case.restart.placement), case))
+            found = fault.findings(env, tuple(phases))
+        finally:
+            fault.teardown(env)
+        verdict = judge(case, *phases, fault_findings=found)
+        return CaseResult(case=case, verdict=verdict, phases=tuple(phases), work_dir=work_dir)
+
+    def _reference(self, case: Case, plan: "_Planner") -> tuple[PhaseResult, Path | None]:
+        """The reference phase and its snapshot directory (only kept when the topology changes)."""
+        keep_snapshots = case.topology_changes
+
+        def run_into(directory: Path) -> PhaseResult:
+            result = self.run_phase(plan.make(REFERENCE, case.workload.world_size, "fresh", record_states=True,
+                                           snapshot_dir=directory / "snapshots" if keep_snapshots else None,
+                                           phase_dir=directory / REFERENCE, topology=case.placement), case)
+            if result.status != "completed":
+                raise HarnessError(f"the uninterrupted reference run did not complete ({result.status}): "
+                                   f"{result.first_error.summary() if result.first_error else ''}\n"
+                                   + stderr_tails(result))
+            return result
+
+        if self.cache is None:
+            return run_into(plan.work_dir), plan.work_dir / "snapshots" if keep_snapshots else None
+        entry = self.cache.entry(reference_key(case, keep_snapshots), run_into)
+        stored = PhasePlan.read(entry / REFERENCE / "plan.json")
+        stored = replace(stored, phase_dir=str(entry / REFERENCE))
+        result = collect_phase(stored, "completed", [0] * stored.world_size, 0.0)
+        return result, entry / "snapshots" if keep_snapshots else None
+
+    def run_phase(self, plan: PhasePlan, case: Case, supervisor=None,
+                  backend: ProcessBackend | None = None) -> PhaseResult:
+        """Start the phase's ranks (with ``backend``, or this harness's), supervise them to the end
+        (``supervisor``: a fault that acts from outside the ranks while they run) and collect them."""
+        phase_dir = Path(plan.phase_dir)
+        phase_dir.mkdir(parents=True)
+        plan_path = phase_dir / "plan.json"
+        plan.write(plan_path)
+        expired = deadline_after(case.timeouts.phase_s)
+        group = LocalRanks((backend or self.backend).start(plan, plan_path))
+        watch = (lambda: supervisor.supervise(phase_events(plan), group.ranks)) if supervisor is not None else None
+        end = supervise(group, expired, watch)
+        result = collect_phase(plan, end.status, list(end.codes), end.elapsed_s)
+        if end.status == "deadline":
+            result = replace(result, hang_summary=tuple(
+                where_waiting(record, record.rank in end.stopped) for record in result.ranks
+                if record.returncode is None))
+        return result
+
+
+class _Planner:
+    def __init__(self, case: Case, work_dir: Path, case_file: Path, checkpoint_dir: Path):
+        self.case, self.work_dir, self.case_file, self.checkpoint_dir = case, work_dir, case_file, checkpoint_dir
+
+    def placement(self, name: str) -> Topology:
+        """The topology a phase runs at: the restart's for the restart and the oracle's continuation."""
+        return self.case.restart.placement if name in (RESTART, CONTINUATION) else self.case.placement
+
+    def make(self, name: str, world_size: int, start: str, *, save: bool = False, inject: bool = False,
+             record_states: bool = False, snapshot_dir: Path | None = None, snapshot_step: int | None = None,
+             rank_map: tuple[int, ...] | None = None, phase_dir: Path | None = None,
+             topology: Topology | None = None) -> PhasePlan:
+        phase_dir = phase_dir or self.work_dir / name
+        return PhasePlan(
+            name=name, case_file=str(self.case_file), world_size=world_size,
+            store_path=str(phase_dir / "store"), checkpoint_dir=str(self.checkpoint_dir),
+            phase_dir=str(phase_dir), start=start, save=save,
+            inject=inject, record_states=record_states,
+            snapshot_dir=str(snapshot_dir) if snapshot_dir else None, snapshot_step=snapshot_step,
+            rank_map=rank_map or tuple(range(world_size)),
+            collective_timeout_s=self.case.timeouts.collective_s,
+            topology=(topology or self.placement(name)).as_dict())

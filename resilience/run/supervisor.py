@@ -1,0 +1,184 @@
+"""The one rank-group supervisor: poll a group of rank processes, give survivors of a failure
+their grace, enforce the deadline (every live rank dumps its stack first), and always tear the
+group down. The harness, `resilience verify`, the torchrun driver and black-box mode all use it.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core import janitor
+from ..core.events import read_events
+from ..launch.backend import RankProcess, is_stopped
+
+POLL_S = 0.02
+STACK_DUMP_WAIT_S = 1.0
+TEARDOWN_GRACE_S = 1.0  # how long survivors of a rank failure run on before the group is torn down
+
+
+@dataclass(frozen=True)
+class GroupEnd:
+    """How a supervised group ended."""
+
+    status: str  # "completed", "failed" (a member exited non-zero) or "deadline"
+    codes: tuple[int | None, ...]  # each member's exit status; None: still running when torn down
+    stopped: frozenset[int]  # at a deadline: ranks that were stopped (SIGSTOP), so dumped no stack
+    elapsed_s: float
+
+
+class RankGroup(ABC):
+    """Processes one supervisor watches, from the controller process only.
+
+    Call order: `poll` every ``poll_s`` seconds until the group finishes, fails or passes its
+    deadline; at a deadline `live_ranks` (their stacks are dumped with SIGUSR1); `destroy` exactly
+    once at the end, whatever happened.
+    """
+
+    poll_s: float = POLL_S
+    #: True: a member that fails ends the group after TEARDOWN_GRACE_S, as torchrun's agent does.
+    #: False: a launcher inside the group handles failures itself (torchrun's agent restarts ranks).
+    fails_fast: bool = True
+
+    @abstractmethod
+    def poll(self) -> list[int | None]:
+        """The members' exit statuses (None while running); the group is done when none is None."""
+
+    @abstractmethod
+    def live_ranks(self) -> dict[int, int]:
+        """rank -> pid of the rank processes running now."""
+
+    @abstractmethod
+    def destroy(self) -> None:
+        """SIGKILL every member and whatever it started, and reap them. Idempotent."""
+
+
+class LocalRanks(RankGroup):
+    """The ranks a `ProcessBackend` started: one member per rank."""
+
+    def __init__(self, ranks: Sequence[RankProcess]):
+        self.ranks = list(ranks)
+
+    def poll(self) -> list[int | None]:
+        return [r.poll() for r in self.ranks]
+
+    def live_ranks(self) -> dict[int, int]:
+        return {r.rank: r.pid for r in self.ranks if r.poll() is None}
+
+    def destroy(self) -> None:
+        for rank in self.ranks:
+            rank.destroy()
+
+
+class AgentLaunch(RankGroup):
+    """One launcher process (torchrun) and the ranks it starts, which announce themselves in
+    their event files (the first event carries the pid). A rank counts as ours only while its
+    command line names ``marker`` (pids are reused)."""
+
+    poll_s = 0.2
+    fails_fast = False
+
+    def __init__(self, command: list[str], env: dict[str, str], log_path: Path,
+                 event_files: Callable[[], Iterable[Path]], marker: str):
+        self.event_files, self.marker = event_files, marker
+        with open(log_path, "wb") as log:
+            self.launcher = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                             env=env, start_new_session=True)
+        janitor.register("pgid", self.launcher.pid)  # the ranks lead their own sessions: see destroy
+
+    def poll(self) -> list[int | None]:
+        return [self.launcher.poll()]
+
+    def live_ranks(self) -> dict[int, int]:
+        live = {}
+        for path in self.event_files():
+            for event in read_events(path)[:1]:
+                if self._is_ours(event["pid"]):
+                    live[event["rank"]] = event["pid"]
+        return live
+
+    def destroy(self) -> None:
+        kill_group(self.launcher.pid)
+        try:
+            self.launcher.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # uninterruptible IO: the kernel reaps it later
+            pass
+        for pid in self.live_ranks().values():  # they die with the agent too; this makes sure
+            try:
+                kill_group(os.getpgid(pid))
+            except ProcessLookupError:
+                pass
+        janitor.release("pgid", self.launcher.pid)
+
+    def _is_ours(self, pid: int) -> bool:
+        try:
+            return self.marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            return False
+
+
+def deadline_after(seconds: float) -> Callable[[], bool]:
+    """An ``expired`` for `supervise`: true ``seconds`` from now."""
+    until = time.monotonic() + seconds
+    return lambda: time.monotonic() > until
+
+
+def supervise(group: RankGroup, expired: Callable[[], bool], watch: Callable[[], None] | None = None) -> GroupEnd:
+    """Run ``group`` to its end. ``expired()``: whether the deadline has passed (checked every poll);
+    ``watch()``: called every poll while the group runs (a fault that acts from outside the ranks)."""
+    started = time.monotonic()
+    status, codes, stopped = "completed", [None], frozenset()
+    try:
+        while True:
+            codes = group.poll()
+            if group.fails_fast and any(code not in (None, 0) for code in codes):
+                status, codes = "failed", _grace(group)
+                break
+            if all(code is not None for code in codes):
+                if any(code != 0 for code in codes):
+                    status = "failed"
+                break
+            if watch is not None:
+                watch()
+            if expired():
+                status = "deadline"
+                live = group.live_ranks()
+                stopped = frozenset(rank for rank, pid in live.items() if is_stopped(pid))
+                for pid in live.values():  # faulthandler in each rank prints every thread's stack
+                    signal_process(pid, signal.SIGUSR1)
+                time.sleep(STACK_DUMP_WAIT_S)
+                break
+            time.sleep(group.poll_s)
+    finally:
+        group.destroy()
+    return GroupEnd(status=status, codes=tuple(codes), stopped=stopped, elapsed_s=time.monotonic() - started)
+
+
+def _grace(group: RankGroup) -> list[int | None]:
+    """Like torchrun's agent, notice a failure a moment late: survivors finish the write they are
+    in (a peer's death reaches them at their next collective) instead of being cut at a random byte."""
+    until = time.monotonic() + TEARDOWN_GRACE_S
+    codes = group.poll()
+    while time.monotonic() < until and any(code is None for code in codes):
+        time.sleep(POLL_S)
+        codes = group.poll()
+    return codes
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)  # SIGKILL reaches stopped processes too
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def signal_process(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass

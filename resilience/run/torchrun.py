@@ -1,0 +1,296 @@
+"""Runs a case under torchrun: the elastic agent starts the ranks and restarts them after a fault.
+
+    result = run_case_under_torchrun(case, nnodes=1, nproc_per_node=2, max_restarts=1)
+
+The driver writes the case and its phase plans into a case directory, launches
+``torchrun ... -m resilience.rank.elastic_entry CASE_DIR`` (see that module for what each incarnation
+does), enforces the phase deadline, and judges the files the ranks wrote with the oracle the local
+harness uses (`verify.judge`), so the result is the same `CaseResult`.
+
+Restarts: a rank that dies or raises makes the agent restart the whole group
+(TORCHELASTIC_RESTART_COUNT 1), which restores and trains to the end. A first run that ends
+without a failure (no fault), or a job whose restarts ran out, is resumed by a second launch of the
+same command, as an operator or a scheduler would. Only the first restore is judged.
+
+Deadlines: a phase still running ``timeouts.phase`` seconds after its ranks began it (or after the
+launch plus ``startup_s`` for torchrun's start and rendezvous) is a HANG: every live rank dumps its
+stack (SIGUSR1, faulthandler), then torchrun's process group and every rank's are SIGKILLed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..core import janitor, registry
+from ..launch.backend import rank_environment
+from ..core.elastic_layout import LAUNCH_ENV, Incarnation, TorchrunLayout
+from ..errors import HarnessError, ResilienceError, StrategyUnavailable
+from ..faults.base import CaseEnvironment, Fault
+from ..core.records import CaseResult, PhaseResult
+from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
+from ..core.case import Case
+from ..core.events import read_events, tail
+from ..oracle.evidence import collect_phase, stderr_tails, where_waiting
+from ..oracle.judge import judge
+from .supervisor import AgentLaunch, supervise
+
+STARTUP_S = 120.0  # torchrun's start, rendezvous and `import torch` on busy machines
+ENTRY_MODULE = "resilience.rank.elastic_entry"
+
+
+class TorchrunIncompatible(ResilienceError):
+    """The case cannot be expressed as one torchrun job (it names why)."""
+
+
+@dataclass(frozen=True)
+class TorchrunOptions:
+    """How torchrun is launched. ``rdzv_endpoint`` None with one node: ``--standalone``."""
+
+    nnodes: int = 1
+    nproc_per_node: int | None = None  # None: the case's world size divided by nnodes
+    max_restarts: int = 1
+    rdzv_endpoint: str | None = None  # HOST:PORT of the c10d rendezvous (several nodes)
+    rdzv_id: str | None = None  # None: derived from the case directory (the same on every node)
+    python: str = sys.executable
+    startup_s: float = STARTUP_S
+
+    def ranks_per_node(self, case: Case) -> int:
+        return self.nproc_per_node if self.nproc_per_node is not None else case.workload.world_size // self.nnodes
+
+
+def incompatibility(case: Case, options: TorchrunOptions = TorchrunOptions()) -> str | None:
+    """Why the case cannot run as one torchrun job, or None. The agent restarts a group at the size
+    and rank layout it had, with the interpreter it was started with, and nothing outside the
+    ranks acts on them while they run."""
+    where = f"{case.source}[{case.id}]"
+    if options.nnodes < 1 or options.max_restarts < 0:
+        return f"{where}: nnodes must be >= 1 and max_restarts >= 0; got {options.nnodes}, {options.max_restarts}"
+    per_node = options.ranks_per_node(case)
+    if per_node < 1 or options.nnodes * per_node != case.workload.world_size:
+        return (f"{where}: workload.world_size is {case.workload.world_size}, but nnodes {options.nnodes} x "
+                f"nproc_per_node {per_node} = {options.nnodes * per_node}; allowed: a product equal to it")
+    if options.nnodes > 1 and not options.rdzv_endpoint:
+        return f"{where}: {options.nnodes} nodes need rdzv_endpoint HOST:PORT (the c10d rendezvous)"
+    if case.topology_changes:
+        return (f"{where}: restart.world_size is {case.restart.world_size}, the first run's "
+                f"{case.workload.world_size}; torchrun's agent restarts a group at the size it had "
+                f"(allowed: restart.world_size {case.workload.world_size}; run this case with the local harness)")
+    if case.restart.rank_map != tuple(range(case.restart.world_size)):
+        return (f"{where}: restart.rank_map is {list(case.restart.rank_map)}; torchrun assigns ranks itself "
+                f"(allowed: identity)")
+    if case.restart.python or case.restart.packages:
+        return (f"{where}: the restart runs under another interpreter or packages; torchrun restarts "
+                f"with the one it was started with (allowed: neither restart.python nor restart.packages)")
+    fault = registry.resolve("fault", case.fault.kind)
+    if fault.supervises:
+        return (f"{where}: fault {case.fault.kind} is driven from outside the ranks while they run "
+                f"(signals, network rules); under torchrun faults act only from inside the ranks")
+    if fault.heal is not Fault.heal:
+        return (f"{where}: fault {case.fault.kind} is repaired between the first run and the restart "
+                f"(heal), a moment torchrun's agent does not offer")
+    return None
+
+
+def run_case_under_torchrun(case: Case, nnodes: int = 1, nproc_per_node: int | None = None,
+                            max_restarts: int = 1, *, rdzv_endpoint: str | None = None,
+                            rdzv_id: str | None = None, case_dir: Path | None = None,
+                            work_root: Path | None = None, keep: bool = False,
+                            python: str | None = None, startup_s: float = STARTUP_S) -> CaseResult:
+    """Run ``case`` under torchrun and judge it; the same `CaseResult` the local harness returns.
+
+    ``case_dir``: the case directory (on several nodes: the same shared path on each, and each
+    node runs this same call); it is kept. Without it, a fresh directory under ``work_root`` (or
+    TMPDIR) is used and removed afterwards unless ``keep``. Raises `TorchrunIncompatible` for a
+    case torchrun cannot express, `StrategyUnavailable` when the strategy's library is missing,
+    `HarnessError` when the job never produced a reference."""
+    options = TorchrunOptions(nnodes=nnodes, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
+                              rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, python=python or sys.executable,
+                              startup_s=startup_s)
+    reason = incompatibility(case, options)
+    if reason:
+        raise TorchrunIncompatible(reason)
+    missing = registry.resolve("strategy", case.strategy.name).missing()
+    if missing:
+        raise StrategyUnavailable(f"strategy {case.strategy.name} needs {missing}")
+    if case_dir is not None:
+        return _Driver(case, TorchrunLayout(Path(case_dir).resolve()), options).run()
+    with janitor.temporary_directory("resilience-torchrun-", work_root, keep) as owned:
+        return _Driver(case, TorchrunLayout(owned.resolve()), options).run()
+
+
+def torchrun_command(case: Case, options: TorchrunOptions, case_dir: Path, launch: int = 0) -> list[str]:
+    """The torchrun command line of one launch (the same on every node)."""
+    if options.nnodes == 1 and not options.rdzv_endpoint:
+        rendezvous = ["--standalone"]
+    else:
+        rdzv_id = options.rdzv_id or "resilience-" + hashlib.sha256(str(case_dir).encode()).hexdigest()[:12]
+        rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", options.rdzv_endpoint,
+                      "--rdzv-id", f"{rdzv_id}-{launch}"]
+    return [options.python, "-m", "torch.distributed.run", *rendezvous, "--nnodes", str(options.nnodes),
+            "--nproc-per-node", str(options.ranks_per_node(case)), "--max-restarts", str(options.max_restarts),
+            "--monitor-interval", "0.1", "-m", ENTRY_MODULE, str(case_dir)]
+
+
+@dataclass(frozen=True)
+class _Hang:
+    incarnation: Incarnation
+    phase: str
+    stopped: frozenset[int]
+
+
+class _Driver:
+    def __init__(self, case: Case, layout: TorchrunLayout, options: TorchrunOptions):
+        self.case, self.layout, self.options = case, layout, options
+
+    def run(self) -> CaseResult:
+        self._prepare()
+        fault = registry.resolve("fault", self.case.fault.kind)(self.case.fault)
+        env = CaseEnvironment(case=self.case, case_dir=self.layout.case_dir, checkpoint_dir=self.layout.checkpoint_dir)
+        hang = None
+        try:
+            fault.setup(env)
+            for launch in (0, 1):
+                hang = self._launch(launch)
+                if hang or not self._needs_resume():
+                    break
+            phases = self._phases(hang)
+            found = fault.findings(env, tuple(phases))
+        finally:
+            fault.teardown(env)
+        return CaseResult(case=self.case, verdict=judge(self.case, *phases[:3], fault_findings=found),
+                          phases=tuple(phases), work_dir=self.layout.case_dir)
+
+    # -- before the launch ------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        layout, case = self.layout, self.case
+        if layout.incarnations():  # its files would be judged as this run's (on several nodes, no rank
+            # starts before every node's agent joined, so a node that prepares late still sees none)
+            raise HarnessError(f"case directory {layout.case_dir} holds an earlier run's ranks "
+                               f"({layout.incarnations()[0].name}); allowed: a new or empty directory")
+        for directory in (layout.checkpoint_dir, layout.temp_dir, layout.template(REFERENCE).parent):
+            directory.mkdir(parents=True, exist_ok=True)
+        layout.case_file.write_text(json.dumps({"source": case.source, "id": case.id, "document": case.document}))
+        size = case.workload.world_size
+        common = dict(case_file=str(layout.case_file), world_size=size, store_path="", phase_dir="",
+                      checkpoint_dir=str(layout.checkpoint_dir), snapshot_dir=None, snapshot_step=None,
+                      rank_map=tuple(range(size)), collective_timeout_s=case.timeouts.collective_s)
+        for plan in (PhasePlan(name=REFERENCE, start="fresh", save=False, inject=False, record_states=True, **common),
+                     PhasePlan(name=FIRST_RUN, start="fresh", save=True, inject=True, record_states=False, **common),
+                     PhasePlan(name=RESTART, start="strategy", save=True, inject=False, record_states=False, **common)):
+            plan.write(layout.template(plan.name))
+
+    def _environment(self, launch: int) -> dict[str, str]:
+        env = rank_environment()
+        if self.options.nnodes > 1 and "GLOO_SOCKET_IFNAME" not in os.environ:
+            del env["GLOO_SOCKET_IFNAME"]  # loopback only on one node; several use the cluster's network
+        env["TMPDIR"] = str(self.layout.temp_dir)  # torchrun's torchelastic_* directories go with the case
+        env[LAUNCH_ENV] = str(launch)
+        return env
+
+    # -- while it runs ----------------------------------------------------------------------------
+    def _launch(self, launch: int) -> _Hang | None:
+        group = AgentLaunch(torchrun_command(self.case, self.options, self.layout.case_dir, launch),
+                            self._environment(launch), self.layout.torchrun_log(launch),
+                            lambda: self._event_files(launch), marker=str(self.layout.case_dir))
+        started, found = time.time(), []
+
+        def expired() -> bool:
+            found[:] = [self._hang(launch, started)]
+            return found[0] is not None
+
+        end = supervise(group, expired)
+        return _Hang(found[0].incarnation, found[0].phase, end.stopped) if end.status == "deadline" else None
+
+    def _event_files(self, launch: int) -> list[Path]:
+        """The event files of this launch's ranks, every incarnation and phase."""
+        return [self.layout.phase_dir(incarnation, phase) / f"rank{rank}.events.jsonl"
+                for incarnation in self.layout.incarnations() if incarnation.launch == launch
+                for phase in (REFERENCE, FIRST_RUN, RESTART)
+                for rank in range(self.case.workload.world_size)]
+
+    def _hang(self, launch: int, launch_started: float) -> _Hang | None:
+        """A phase of this launch past its deadline, counted from the latest phase any rank began
+        (torchrun's start and rendezvous get ``startup_s`` on top)."""
+        marks = [(event["time"], incarnation, phase) for incarnation in self.layout.incarnations()
+                 if incarnation.launch == launch for phase in (REFERENCE, FIRST_RUN, RESTART)
+                 for event in self._events(incarnation, phase, "phase_begin")]
+        now = time.time()
+        began = max([launch_started + self.options.startup_s] + [mark[0] for mark in marks])
+        if now <= began + self.case.timeouts.phase_s:
+            return None
+        if not marks:
+            raise HarnessError(f"torchrun started no rank within {now - launch_started:.0f} s; its output:\n"
+                               f"{tail(self.layout.torchrun_log(launch))}")
+        _, incarnation, phase = max(marks, key=lambda mark: mark[0])
+        return _Hang(incarnation, phase, frozenset())
+
+    def _needs_resume(self) -> bool:
+        """Whether the job ended without any restore (no fault, or its restarts ran out first)."""
+        incarnations = self.layout.incarnations()
+        if Incarnation(0, 0) not in incarnations:
+            raise HarnessError(f"torchrun started no rank; its output:\n{tail(self.layout.torchrun_log(0))}")
+        return all(incarnation.is_first for incarnation in incarnations)
+
+    # -- after it ended ---------------------------------------------------------------------------
+    def _phases(self, hang: _Hang | None) -> list[PhaseResult]:
+        first = Incarnation(0, 0)
+        reference = self._phase(first, REFERENCE, hang)
+        if reference.status != "completed":
+            detail = reference.first_error.summary() if reference.first_error else reference.status
+            raise HarnessError(f"the uninterrupted reference run did not complete under torchrun ({detail})\n"
+                               + stderr_tails(reference)
+                               + f"\n--- torchrun ---\n{tail(self.layout.torchrun_log(0))}")
+        phases = [reference, self._phase(first, FIRST_RUN, hang)]
+        later = [i for i in self.layout.incarnations() if not i.is_first]
+        if later:
+            phases += [self._phase(i, RESTART, hang) for i in later]
+        else:  # the first run hung: nothing restarted
+            phases.append(PhaseResult(name=RESTART, world_size=self.case.restart.world_size, status="not_started",
+                                      ranks=(), first_error=None, fault_events=(), elapsed_s=0.0))
+        return phases
+
+    def _phase(self, incarnation: Incarnation, name: str, hang: _Hang | None) -> PhaseResult:
+        plan = self.layout.plan(incarnation, name)
+        codes = [self._exit_status(incarnation, name, rank) for rank in range(plan.world_size)]
+        hung = hang is not None and (hang.incarnation, hang.phase) == (incarnation, name)
+        if hung:
+            status = "deadline"
+        elif all(code == 0 for code in codes):
+            status = "completed"
+        else:
+            status = "failed"
+        times = [e["time"] for rank in range(plan.world_size) for e in read_events(plan.events_path(rank))]
+        result = collect_phase(plan, status, codes, max(times) - min(times) if times else 0.0)
+        if not incarnation.is_first and incarnation != self._first_restart():  # a later, unjudged attempt
+            result = replace(result, name=f"{name} ({incarnation.name})")
+        if hung:
+            result = replace(result, hang_summary=tuple(
+                where_waiting(record, record.rank in hang.stopped) for record in result.ranks
+                if record.returncode is None))
+        return result
+
+    def _first_restart(self) -> Incarnation | None:
+        return next((i for i in self.layout.incarnations() if not i.is_first), None)
+
+    def _exit_status(self, incarnation: Incarnation, phase: str, rank: int) -> int | None:
+        """0 once the rank finished the phase; otherwise how its process ended (None: torn down by
+        the agent or the driver, or never started)."""
+        plan_events = read_events(self.layout.phase_dir(incarnation, phase) / f"rank{rank}.events.jsonl")
+        if any(e["event"] == "done" for e in plan_events):
+            return 0
+        outcome = self.layout.read_outcome(incarnation, rank)
+        if outcome is None or outcome["torn_down_by"]:
+            return None
+        return outcome["returncode"]
+
+    def _events(self, incarnation: Incarnation, phase: str, kind: str) -> list[dict]:
+        directory = self.layout.phase_dir(incarnation, phase)
+        found = []
+        for path in directory.glob("rank*.events.jsonl") if directory.is_dir() else ():
+            found += [e for e in read_events(path) if e["event"] == kind]
+        return found

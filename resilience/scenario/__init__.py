@@ -1,0 +1,1 @@
+"""Scenario files -> cases: safe YAML, validation, matrix expansion, discovery and selection."""

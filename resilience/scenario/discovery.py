@@ -1,0 +1,43 @@
+"""Which files are scenarios, and the cases of the paths a command names."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from ..core.case import Case
+from ..errors import ResilienceError
+from .loader import load_file
+
+SCENARIO_SUFFIXES = (".scenario.yaml", ".scenario.yml")
+
+
+def is_scenario_file(path: Path | str) -> bool:
+    return str(path).endswith(SCENARIO_SUFFIXES)
+
+
+def scenario_files(paths: Iterable[str | Path]) -> list[Path]:
+    """The scenario files under each path: a directory's, sorted and recursively; a file as named.
+    A path that does not exist is an error naming it."""
+    files: list[Path] = []
+    for text in paths:
+        path = Path(text)
+        if path.is_dir():
+            files.extend(sorted(p for p in path.rglob("*") if is_scenario_file(p)))
+        elif path.exists():
+            files.append(path)
+        else:
+            raise ResilienceError(f"{text}: no such scenario file or directory")
+    return files
+
+
+def load_cases(paths: Iterable[str | Path], selected: Callable[[Case], bool] = lambda case: True
+               ) -> tuple[list[Case], list[str]]:
+    """The selected cases of every scenario file under ``paths``, and the load error of each file
+    that could not be read (each names the file, the key and what is allowed)."""
+    cases, errors = [], []
+    for path in scenario_files(paths):
+        try:
+            cases.extend(c for c in load_file(path).cases if selected(c))
+        except ResilienceError as exc:
+            errors.append(str(exc))
+    return cases, errors

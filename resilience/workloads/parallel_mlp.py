@@ -1,0 +1,258 @@
+"""The `mlp` workload split the way Megatron-LM splits a transformer's MLP: real tensor parallelism
+(a column-parallel then a row-parallel linear layer over the tensor-parallel group), optional
+pipeline stages (activations and their gradients sent between stages), data parallelism over the
+rest of the ranks.
+
+A rank's ``state_dict`` is its own shard, as a model-parallel checkpoint holds it; its
+``fingerprint`` digests the full model and optimizer state gathered from every shard, so a restore
+on another topology is compared bitwise with the reference at the same step.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..core.case import WorkloadSpec
+from ..core.topology import Topology
+from .mlp import (ShuffledSampler, Workload, tensor_digest, flatten_state, hidden_width, lr_factor, sum_gradients,
+                  synthetic_dataset)
+
+# Three blocks of layers; a pipeline of pp stages holds them as STAGE_BLOCKS[pp][stage].
+STAGE_BLOCKS = {1: ((0, 1, 2),), 2: ((0, 1), (2,)), 3: ((0,), (1,), (2,))}
+BLOCK_PARAMS = {0: ("layer1.weight", "layer1.bias"), 1: ("layer2.weight", "layer2.bias"),
+                2: ("layer3.weight", "layer3.bias")}
+# The dimension a parameter is split along over the tensor-parallel group (None: replicated).
+SPLIT_DIM = {"layer1.weight": 0, "layer1.bias": 0, "layer2.weight": 1, "layer2.bias": None,
+             "layer3.weight": None, "layer3.bias": None}
+HIDDEN_MULTIPLE = 24  # hidden width divisible by tp = 1, 2, 3, 4, 6, 8, 12, 24
+
+
+class _SumOverTensorGroup(torch.autograd.Function):
+    """The row-parallel layer's all-reduce: forward sums the partial products, backward passes the
+    (replicated) gradient straight to each rank's partial product."""
+
+    @staticmethod
+    def forward(ctx, partial: torch.Tensor, group) -> torch.Tensor:
+        total = partial.clone()
+        dist.all_reduce(total, group=group)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+class TensorParallelMLP(Workload):
+    """A tanh MLP (input -> hidden -> hidden -> 1) with Adam and the `mlp` LR schedule, trained on
+    the `mlp` dataset; layer 1 is column-parallel, layer 2 row-parallel, layer 3 replicated.
+
+    Every rank builds the full initial model from the seed and keeps its shard, so the full state
+    never depends on the topology; only the bits of the sums (the tensor-parallel all-reduce and
+    the data-parallel gradient all-reduce) do. Input noise: one stream for the job (``rank_rng:
+    same``) or one per data-parallel rank (``distinct``, Megatron's ``data_parallel_random_init``);
+    tensor-parallel and pipeline peers of a data-parallel rank draw the same noise.
+    """
+
+    model_parallel = True
+    input_dim = 32
+    dataset_size = 512
+    noise_scale = 0.05
+    base_lr = 1e-3
+
+    @classmethod
+    def hidden_width(cls, spec: WorkloadSpec) -> int:
+        return max(HIDDEN_MULTIPLE, hidden_width(spec.size_bytes, cls.input_dim) // HIDDEN_MULTIPLE * HIDDEN_MULTIPLE)
+
+    @classmethod
+    def topology_problem(cls, spec: WorkloadSpec, tp: int, pp: int) -> str | None:
+        if pp not in STAGE_BLOCKS:
+            return f"tp_mlp has 3 layer blocks: pp must be 1, 2 or 3, not {pp}"
+        hidden = cls.hidden_width(spec)
+        if hidden % tp:
+            return f"tp={tp} does not divide the hidden width {hidden} of size {spec.size_bytes} B"
+        return None
+
+    def __init__(self, spec: WorkloadSpec, rank: int, world_size: int, topology: Topology | None = None):
+        super().__init__(spec, rank, world_size, topology)
+        topo = self.topology
+        problem = self.topology_problem(spec, topo.tp, topo.pp) or (
+            None if topo.world_size == world_size else f"topology {topo.describe()} is not {world_size} ranks")
+        if problem:
+            raise ValueError(problem)
+        self.coords = topo.coords(rank)
+        self.tensor_group = _own_group(topo.tensor_groups(), rank)
+        self.data_group = _own_group(topo.data_groups(), rank)
+        self.pipeline_ranks = next(g for g in topo.pipeline_groups() if rank in g)
+        self.pipeline_group = _own_group(topo.pipeline_groups(), rank)
+        self.blocks = STAGE_BLOCKS[topo.pp][self.coords.pp]
+        self.hidden = self.hidden_width(spec)
+        self.local_batch = spec.global_batch // topo.dp
+
+        torch.manual_seed(spec.seed)  # the full model, identical on every rank, then this rank's shard
+        full = [torch.nn.Linear(self.input_dim, self.hidden), torch.nn.Linear(self.hidden, self.hidden),
+                torch.nn.Linear(self.hidden, 1)]
+        self.model = torch.nn.Module()
+        for block in self.blocks:
+            layer = torch.nn.Module()
+            for name in BLOCK_PARAMS[block]:
+                full_tensor = getattr(full[block], name.split(".")[1]).detach()
+                layer.register_parameter(name.split(".")[1], torch.nn.Parameter(self._shard(name, full_tensor)))
+            self.model.add_module(f"layer{block + 1}", layer)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.base_lr, foreach=False)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor)
+
+        self.inputs, self.targets = synthetic_dataset(spec.seed, self.dataset_size, self.input_dim)
+        distinct = spec.rank_rng == "distinct"
+        self.rng = torch.Generator().manual_seed(spec.seed + 2 + ((self.coords.dp + 1) * 7919 if distinct else 0))
+        self.rank_local_keys = ("rng",) if distinct else ()
+        self._step = 0
+        self.sampler = ShuffledSampler(spec.seed, self.dataset_size, spec.global_batch)
+
+    # -- sharding ---------------------------------------------------------------------------------
+    def _shard(self, name: str, full: torch.Tensor) -> torch.Tensor:
+        dim = SPLIT_DIM[name]
+        if dim is None:
+            return full.clone()
+        width = full.shape[dim] // self.topology.tp
+        return full.narrow(dim, self.coords.tp * width, width).clone()
+
+    def _params(self) -> dict[str, torch.nn.Parameter]:
+        return dict(self.model.named_parameters())
+
+    # -- training ---------------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        return self._step
+
+    def _next_local_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self.spec.global_batch
+        indices = self.sampler.next_indices()
+        start = self.coords.dp * self.local_batch
+        local = indices[start:start + self.local_batch]
+        if self.spec.rank_rng == "same":
+            noise = torch.randn(batch, self.input_dim, generator=self.rng)[start:start + self.local_batch]
+        else:
+            noise = torch.randn(self.local_batch, self.input_dim, generator=self.rng)
+        return self.inputs[local] + self.noise_scale * noise, self.targets[local]
+
+    def _block(self, block: int, x: torch.Tensor) -> torch.Tensor:
+        layer = getattr(self.model, f"layer{block + 1}")
+        if block == 0:  # column-parallel: this rank's slice of the hidden units
+            return torch.tanh(F.linear(x, layer.weight, layer.bias))
+        if block == 1:  # row-parallel: partial products summed over the tensor-parallel group
+            partial = F.linear(x, layer.weight)
+            total = _SumOverTensorGroup.apply(partial, self.tensor_group) if self.topology.tp > 1 else partial
+            return torch.tanh(total + layer.bias)
+        return F.linear(x, layer.weight, layer.bias)
+
+    def train_step(self) -> float:
+        inputs, targets = self._next_local_batch()
+        self.optimizer.zero_grad(set_to_none=False)
+        stage, stages = self.coords.pp, self.topology.pp
+        if stage == 0:
+            received = None
+            activation = inputs
+        else:  # this rank's tensor-parallel slice (after block 0) or the full width (after block 1)
+            width = self.hidden // self.topology.tp if self.blocks[0] == 1 else self.hidden
+            received = torch.empty(self.local_batch, width)
+            dist.recv(received, src=self.pipeline_ranks[stage - 1])
+            activation = received.requires_grad_()
+        for block in self.blocks:
+            activation = self._block(block, activation)
+        if stage == stages - 1:
+            loss = ((activation - targets) ** 2).sum() / self.spec.global_batch
+            loss.backward()
+            local_loss = loss.detach().reshape(1)
+        else:
+            dist.send(activation.detach().contiguous(), dst=self.pipeline_ranks[stage + 1])
+            grad = torch.empty_like(activation)
+            dist.recv(grad, src=self.pipeline_ranks[stage + 1])
+            activation.backward(grad)
+            local_loss = torch.zeros(1)
+        if received is not None:
+            dist.send(received.grad.contiguous(), dst=self.pipeline_ranks[stage - 1])
+        loss_value = sum_gradients(self.model.parameters(), local_loss, self.data_group,
+                                    reduce=self.topology.dp > 1)
+        self.optimizer.step()
+        self.scheduler.step()
+        self._step += 1
+        if stages > 1:  # the last stage computed the loss; every rank reports it
+            dist.broadcast(loss_value, src=self.pipeline_ranks[-1], group=self.pipeline_group)
+        return float(loss_value)
+
+    # -- state ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shard: what a model-parallel checkpoint holds for it."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "step": self._step,
+                "data": self.sampler.state(), "rng": self.rng.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])  # strict: a missing key or another shard shape raises
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load(state["data"])
+        self.rng.set_state(state["rng"])
+        self._step = int(state["step"])
+
+    def full_state(self) -> dict[str, Any]:
+        """The unsharded model and optimizer state, gathered from every shard (collective)."""
+        adam = self.optimizer.state
+        mine = {name: {"param": p.detach().clone(), **{k: v.clone() for k, v in adam.get(p, {}).items()}}
+                for name, p in self._params().items()}
+        pieces: list[Any] = [None] * self.world_size
+        dist.all_gather_object(pieces, (self.coords.tp, self.coords.pp, self.coords.dp, mine))
+        full: dict[str, dict[str, torch.Tensor]] = {}
+        for name, dim in SPLIT_DIM.items():
+            shards = sorted((tp, held[name]) for tp, _pp, dp, held in pieces if dp == 0 and name in held)
+            full[name] = {entry: (shards[0][1][entry] if dim is None or entry == "step"
+                                  else torch.cat([s[entry] for _, s in shards], dim=dim))
+                          for entry in shards[0][1]}
+        group = {k: v for k, v in self.optimizer.state_dict()["param_groups"][0].items() if k != "params"}
+        return {"model": {n: e["param"] for n, e in full.items()},
+                "optimizer": {"state": {n: {k: v for k, v in e.items() if k != "param"} for n, e in full.items()},
+                              "group": group},
+                "scheduler": self.scheduler.state_dict(), "step": self._step,
+                "data": self.sampler.state()}
+
+    def fingerprint(self) -> dict[str, str]:
+        state = {**self.full_state(), "rng": self.rng.get_state()}
+        return {key: tensor_digest(value) for key, value in flatten_state(state)}
+
+    def save_reference_snapshot(self, directory: Path) -> None:
+        """One full copy per data-parallel rank (its noise stream differs with ``distinct``)."""
+        full = {**self.full_state(), "rng": self.rng.get_state()}
+        if self.coords.tp == 0 and self.coords.pp == 0:
+            directory.mkdir(parents=True, exist_ok=True)
+            torch.save(full, directory / f"dp_{self.coords.dp}.pt")
+
+    def load_reference_snapshot(self, directory: Path) -> None:
+        """Slice the trusted full state for this rank's place in this phase's topology."""
+        full = torch.load(directory / "dp_0.pt", weights_only=True)
+        own = directory / f"dp_{self.coords.dp}.pt"
+        rng = torch.load(own, weights_only=True)["rng"] if own.exists() else self.rng.get_state()
+        names = list(self._params())
+        self.model.load_state_dict({n: self._shard(n, full["model"][n]) for n in names})
+        optimizer_state = {index: {k: (v if k == "step" else self._shard(n, v))
+                                   for k, v in full["optimizer"]["state"][n].items()}
+                           for index, n in enumerate(names) if full["optimizer"]["state"][n]}
+        self.optimizer.load_state_dict({"state": optimizer_state, "param_groups": [
+            {**full["optimizer"]["group"], "params": list(range(len(names)))}]})
+        self.scheduler.load_state_dict(full["scheduler"])
+        self.load_state_dict({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                              "scheduler": full["scheduler"], "step": full["step"], "data": full["data"],
+                              "rng": rng if self.rank_local_keys else full["rng"]})
+
+
+def _own_group(groups: list[tuple[int, ...]], rank: int):
+    """Create every group in the same order on every rank (new_group is collective) and keep ours."""
+    own = None
+    for ranks in groups:
+        group = dist.new_group(list(ranks)) if len(groups) > 1 or len(ranks) != dist.get_world_size() else None
+        if rank in ranks:
+            own = group if group is not None else dist.group.WORLD
+    return own
