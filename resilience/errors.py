@@ -43,3 +43,27 @@ class Unavailable(ResilienceError):
 
 class StrategyUnavailable(Unavailable):
     """The strategy's library is not installed."""
+
+
+class FaultUnavailable(Unavailable):
+    """This machine cannot inject the fault (for example: mounting needs root). The case is skipped."""
+
+
+class NetworkError(HarnessError):
+    """A network command failed while the case was running: the harness could not inject the fault."""
+
+
+class TorchrunIncompatible(ResilienceError):
+    """The case cannot be expressed as one torchrun job (it names why)."""
+
+
+class LauncherUnavailable(ResilienceError):
+    """The chosen execution mode is not part of this installation."""
+
+
+class NotExpressible(Unavailable):
+    """The launcher cannot run this case as the scenario describes it (reported as skipped)."""
+
+
+class CaseFailed(ResilienceError):
+    """The verdict is not the one the scenario expects; the message is the rendered report."""

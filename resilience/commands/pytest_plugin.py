@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ..launch.backend import BACKENDS, DEFAULT_BACKEND
-from ..errors import HarnessError, ScenarioError, Unavailable
+from ..errors import CaseFailed, HarnessError, ScenarioError, Unavailable
 from ..faults.base import FaultUnavailable
 from ..core.records import CaseResult
 from ..run.harness import Harness
@@ -18,10 +18,6 @@ from ..oracle.outcome import judge_case
 from ..run.reference_cache import ReferenceCache, default_cache_dir
 from ..report.text import render
 from ..core.case import Case
-
-
-class CaseFailed(Exception):
-    """The verdict is not the one the scenario expects; the message is the rendered report."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

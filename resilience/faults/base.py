@@ -7,16 +7,12 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-from ..errors import Unavailable
+from ..errors import FaultUnavailable, Unavailable
 from ..disk.interception import InterceptedFile
 from ..core.case import Case, FaultSpec, Trigger
 
 if TYPE_CHECKING:
     from ..core.records import PhaseResult
-
-
-class FaultUnavailable(Unavailable):
-    """This machine cannot inject the fault (for example: mounting needs root). The case is skipped."""
 
 
 @dataclass

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..core import janitor
-from ..errors import HarnessError
+from ..errors import HarnessError, NetworkError
 from .base import CaseEnvironment, Fault, FaultUnavailable, RankEnvironment
 
 NETNS_DIR = Path("/run/netns")
@@ -58,10 +58,6 @@ ACK_TIMEOUT_S = 60.0
 COMMAND_TIMEOUT_S = 30.0
 NFT_TABLE = "resilience_partition"
 NAME = re.compile(r"^resilience-(?P<pid>\d+)-(?P<token>[0-9a-f]{6})-(?:sw|r\d+)$")
-
-
-class NetworkError(HarnessError):
-    """A network command failed while the case was running: the harness could not inject the fault."""
 
 
 def _run(argv: list[str], input_text: str | None = None) -> subprocess.CompletedProcess:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..launch.backend import BACKENDS, DEFAULT_BACKEND
-from ..errors import ResilienceError, Unavailable
+from ..errors import LauncherUnavailable, NotExpressible, ResilienceError, Unavailable
 from ..core.records import CaseResult
 from .harness import Harness
 from .reference_cache import ReferenceCache
@@ -18,14 +18,6 @@ from ..core.case import Case
 
 CaseRunner = Callable[[Case], CaseResult]
 LAUNCHERS = ("local", "torchrun")
-
-
-class LauncherUnavailable(ResilienceError):
-    """The chosen execution mode is not part of this installation."""
-
-
-class NotExpressible(Unavailable):
-    """The launcher cannot run this case as the scenario describes it (reported as skipped)."""
 
 
 def local(*, work_root: Path | None, keep: bool, cache: ReferenceCache | None,

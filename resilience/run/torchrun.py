@@ -29,7 +29,7 @@ from pathlib import Path
 from ..core import janitor, registry
 from ..launch.backend import rank_environment
 from ..core.elastic_layout import LAUNCH_ENV, Incarnation, TorchrunLayout
-from ..errors import HarnessError, ResilienceError, StrategyUnavailable
+from ..errors import HarnessError, ResilienceError, StrategyUnavailable, TorchrunIncompatible
 from ..faults.base import CaseEnvironment, Fault
 from ..core.records import CaseResult, PhaseResult
 from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
@@ -41,10 +41,6 @@ from .supervisor import AgentLaunch, supervise
 
 STARTUP_S = 120.0  # torchrun's start, rendezvous and `import torch` on busy machines
 ENTRY_MODULE = "resilience.rank.elastic_entry"
-
-
-class TorchrunIncompatible(ResilienceError):
-    """The case cannot be expressed as one torchrun job (it names why)."""
 
 
 @dataclass(frozen=True)
