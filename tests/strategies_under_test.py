@@ -1,6 +1,6 @@
 """Strategies written against the public contract, as a user would: deliberately broken ones (the
 checker must catch each) and correct ones. Most live in the planted-bug catalogue
-(`resilience.planted.strategies`), which the tests reach under this module's name too."""
+(`resilience.planted`), which the tests reach under this module's name too."""
 from __future__ import annotations
 
 import os
@@ -8,16 +8,17 @@ import time
 
 import torch.distributed as dist
 
-from resilience.planted.strategies import (  # noqa: F401 -- re-exported for the tests' targets
-    AtomicFallbackSave,
-    DurableShardsThenPointer,
+from resilience.planted.durable import AtomicFallbackSave, DurableShardsThenPointer  # noqa: F401 -- re-exported
+from resilience.planted.state_bugs import (  # noqa: F401 -- re-exported for the tests' targets
     ForgetsOptimizer,
-    IgnoresTornSave,
     LoadsByLocalRank,
     LoadsOldest,
-    PointerBeforeDurableShards,
     RankZeroFileEverywhere,
     SaveConsumesRandomness,
+)
+from resilience.planted.storage_bugs import (  # noqa: F401 -- re-exported for the tests' targets
+    IgnoresTornSave,
+    PointerBeforeDurableShards,
     UnpicklesInFull,
 )
 from resilience.strategies.base import CheckpointStrategy

@@ -305,11 +305,12 @@ def test_inner_retention_before_the_barrier_costs_the_fallback_and_the_manifest_
 def test_a_wrapped_strategy_whose_library_is_missing_is_skipped_and_keyed_on_the_inner_source(tmp_path, monkeypatch):
     from resilience.errors import StrategyUnavailable
     from resilience.run.harness import Harness
+    from resilience.strategies.deepspeed_engine import ZeroTrainedWorkload
     from resilience.strategies.deepspeed_zero import Zero2
     from resilience.strategies.manifest import ManifestCheckpoint
 
     options = {"inner": "deepspeed.zero2"}
-    assert ManifestCheckpoint.trained_by(options) == (Zero2,)
+    assert ManifestCheckpoint.trained_by(options) == (Zero2, ZeroTrainedWorkload)
     monkeypatch.setattr(Zero2, "requires", {"deepspeed_is_not_here": "pip install 'resilience[deepspeed]'"})
     with pytest.raises(StrategyUnavailable, match="deepspeed_is_not_here is not installed"):
         Harness(work_root=tmp_path).run(case_from(strategy={"name": "manifest", "options": options}))

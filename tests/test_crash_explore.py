@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from resilience.disk.crash_states import CrashModel, CrashPoint, Loss, materialise, read_tree, state_hash
+from resilience.disk.crash_states import CrashModel, CrashPoint, Loss
+from resilience.disk.state_tree import materialise, read_tree, state_hash
 from resilience.errors import ScenarioError
 from resilience.faults.base import Clock, RankEnvironment
 from resilience.faults.power_loss import PowerLoss, trace_dir

@@ -45,7 +45,7 @@ FLAKY = '''
 import os
 from pathlib import Path
 
-from resilience.planted.strategies import ForgetsOptimizer
+from resilience.planted.state_bugs import ForgetsOptimizer
 from resilience.strategies.torch_native import PerRankSave
 
 

@@ -28,7 +28,8 @@ from ..scenario.discovery import load_cases
 from ..scenario.loader import parse_size
 from .case_loop import skips_fail
 from ..oracle.outcome import judge_case
-from ..report.qualification import CaseRecord, Qualification, StrategyThroughput
+from ..measure.throughput import StrategyThroughput
+from ..report.qualification import CaseRecord, Qualification
 from ..run.reference_cache import ReferenceCache, default_cache_dir
 from ..core.case import Case
 from ..measure.throughput import measure

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ..run.checkpoint_verify import case_for, verify_checkpoint
-from .options import parse_options
+from ..scenario.strategy_options import parse_options
 from ..errors import ResilienceError
 
 

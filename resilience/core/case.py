@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 from .topology import Topology
@@ -131,6 +133,11 @@ class Case:
         a continuation on the restart's topology. A new placement alone changes only who sees
         which files; the reference stays the oracle."""
         return self.restart.placement.parallel != self.placement.parallel
+
+    def write(self, path: Path) -> None:
+        """The case file every rank reads back (`scenario.loader.read_case_file`): the document
+        is parsed and validated again there, so the ranks run exactly what the controller ran."""
+        path.write_text(json.dumps({"source": self.source, "id": self.id, "document": self.document}))
 
 
 @dataclass(frozen=True)

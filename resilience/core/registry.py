@@ -48,7 +48,7 @@ TABLES = {"strategy": STRATEGIES, "fault": FAULTS, "workload": WORKLOADS}
 BASES = {
     "strategy": "resilience.strategies.base:CheckpointStrategy",
     "fault": "resilience.faults.base:Fault",
-    "workload": "resilience.workloads.mlp:Workload",
+    "workload": "resilience.workloads.base:Workload",
 }
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 

@@ -20,14 +20,12 @@ The model, for a power cut somewhere inside the save of step S:
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
-import os
-import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .io_trace import TraceOp, read_payload, read_trace
+from .replay_fs import ReplayFilesystem
 
 BLOCK = 4096
 HOW = ("keep", "drop", "prefix", "zeros")  # simplest first: Hypothesis shrinks towards the front
@@ -59,129 +57,6 @@ class Volatile:
 
     metadata: tuple[TraceOp, ...]  # uncommitted namespace ops, in order
     dirty: tuple[tuple[str, int, int], ...]  # (path, unsynced bytes written, size with them) per file
-
-
-@dataclass
-class _Inode:
-    durable: bytearray = field(default_factory=bytearray)
-    pending: list = field(default_factory=list)  # ("write", offset, bytes) or ("truncate", size)
-    first_dirty: tuple = ()
-
-    def applied(self, keep_bytes: int | None = None) -> bytearray:
-        """Durable data plus the pending ops, writes limited to ``keep_bytes`` bytes in all."""
-        data = bytearray(self.durable)
-        budget = keep_bytes
-        for op in self.pending:
-            if op[0] == "truncate":
-                del data[op[1]:]
-                continue
-            _, offset, payload = op
-            if budget is not None:
-                payload, budget = payload[:budget], max(0, budget - len(payload))
-            if not payload:
-                continue
-            if len(data) < offset:
-                data.extend(bytes(offset - len(data)))
-            data[offset:offset + len(payload)] = payload
-        return data
-
-    def unsynced_bytes(self) -> int:
-        return sum(len(op[2]) for op in self.pending if op[0] == "write")
-
-    def with_zeros(self, start: int, end: int) -> bytearray:
-        """Everything kept except the pending writes' bytes in [start, end): the old data where the
-        file was overwritten in place, zeros where it was new."""
-        data = self.applied()
-        old = b"" if any(op[0] == "truncate" for op in self.pending) else bytes(self.durable)
-        for op in self.pending:
-            if op[0] != "write":
-                continue
-            lo, hi = max(start, op[1]), min(end, op[1] + len(op[2]), len(data))
-            for position in range(lo, hi):
-                data[position] = old[position] if position < len(old) else 0
-        return data
-
-
-class _Filesystem:
-    """The namespace and file data, durable and volatile, while a trace is replayed."""
-
-    def __init__(self):
-        self.inodes: list[_Inode] = []
-        self.names: dict[str, int] = {}  # volatile: path -> inode
-        self.dirs: set[str] = {"."}
-        self.durable_names: dict[str, int] = {}
-        self.durable_dirs: set[str] = {"."}
-        self.uncommitted: list[TraceOp] = []
-        self.handles: dict[tuple[int, str], int] = {}  # (rank, path) -> inode of an open file
-        self.created: dict[tuple, int] = {}  # order of an open that created a file -> its inode
-
-    def apply(self, op: TraceOp, payload: bytes | None) -> None:
-        kind = op.kind
-        if kind == "open":
-            inode = self.names.get(op.path)
-            if inode is None:
-                self.inodes.append(_Inode())
-                inode = self.names[op.path] = self.created[op.order] = len(self.inodes) - 1
-                self.uncommitted.append(op)
-            if op.truncate:
-                self._pending(inode, op, ("truncate", 0))
-            self.handles[(op.rank, op.path)] = inode
-        elif kind == "write":
-            inode = self.handles.get((op.rank, op.path), self.names.get(op.path))
-            if inode is not None:
-                self._pending(inode, op, ("write", op.offset, payload))
-        elif kind == "close":
-            self.handles.pop((op.rank, op.path), None)
-        elif kind == "fsync":
-            inode = self.handles.get((op.rank, op.path), self.names.get(op.path))
-            if inode is not None:
-                node = self.inodes[inode]
-                node.durable, node.pending, node.first_dirty = node.applied(), [], ()
-        elif kind == "dir_fsync":
-            self.commit()
-        elif kind in ("rename", "unlink", "mkdir", "rmdir"):
-            _namespace(op, self.names, self.dirs)
-            self.uncommitted.append(op)
-
-    def _pending(self, inode: int, op: TraceOp, entry: tuple) -> None:
-        node = self.inodes[inode]
-        if not node.pending:
-            node.first_dirty = op.order
-        node.pending.append(entry)
-
-    def commit(self, count: int | None = None) -> None:
-        """Make the first ``count`` uncommitted namespace ops durable (all by default)."""
-        count = len(self.uncommitted) if count is None else count
-        for op in self.uncommitted[:count]:
-            if op.kind == "open":
-                self.durable_names[op.path] = self.created[op.order]
-            else:
-                _namespace(op, self.durable_names, self.durable_dirs)
-        del self.uncommitted[:count]
-
-    def sync_everything(self) -> None:
-        self.commit()
-        for node in self.inodes:
-            node.durable, node.pending, node.first_dirty = node.applied(), [], ()
-
-
-def _namespace(op: TraceOp, names: dict[str, int], dirs: set[str]) -> None:
-    if op.kind == "mkdir":
-        dirs.add(op.path)
-    elif op.kind == "rmdir":
-        dirs.discard(op.path)
-    elif op.kind == "unlink":
-        names.pop(op.path, None)
-    elif op.kind == "rename":
-        if op.path in names:
-            names[op.target] = names.pop(op.path)
-        elif op.path in dirs:  # a directory: everything under it moves with it
-            prefix = op.path + "/"
-            for path in [p for p in names if p.startswith(prefix)]:
-                names[op.target + "/" + path[len(prefix):]] = names.pop(path)
-            for path in [d for d in dirs if d == op.path or d.startswith(prefix)]:
-                dirs.discard(path)
-                dirs.add(op.target + path[len(op.path):])
 
 
 class CrashModel:
@@ -233,8 +108,8 @@ class CrashModel:
             self._payloads[key] = read_payload(self.data_paths[op.rank], op)
         return self._payloads[key]
 
-    def _replay(self, cuts: tuple[int, ...]) -> _Filesystem:
-        fs = _Filesystem()
+    def _replay(self, cuts: tuple[int, ...]) -> ReplayFilesystem:
+        fs = ReplayFilesystem()
         for op, _ in self.before:
             fs.apply(op, self._payload(op))
         fs.sync_everything()
@@ -249,7 +124,7 @@ class CrashModel:
         return Volatile(metadata=tuple(fs.uncommitted), dirty=tuple(self._dirty(fs, fs.names)))
 
     @staticmethod
-    def _dirty(fs: _Filesystem, names: dict[str, int]):
+    def _dirty(fs: ReplayFilesystem, names: dict[str, int]):
         """(path, unsynced bytes, size) of each named file with pending data, in the order it became dirty."""
         named = sorted(((fs.inodes[inode].first_dirty, path, inode) for path, inode in names.items()
                         if fs.inodes[inode].pending))
@@ -327,41 +202,3 @@ class CrashModel:
                 lines.append(f"{head} reached the disk except bytes {loss.zero_from}..{loss.zero_to}, "
                              f"which read as zeros (blocks never written back)")
         return lines
-
-
-def materialise(files: dict[str, bytes], dirs: set[str], target: Path) -> None:
-    """Write a disk state as a real directory tree at ``target`` (which must not exist)."""
-    target.mkdir(parents=True)
-    for directory in sorted(dirs):
-        (target / directory).mkdir(parents=True, exist_ok=True)
-    for path, content in files.items():
-        destination = target / path
-        destination.parent.mkdir(parents=True, exist_ok=True)  # a name whose directory entry was lost
-        destination.write_bytes(content)
-
-
-def state_hash(files: dict[str, bytes], dirs: set[str]) -> str:
-    """Identical disk states have the same hash: each is restored once."""
-    digest = hashlib.sha256()
-    for path in sorted(files):
-        digest.update(f"f {path} {hashlib.sha256(files[path]).hexdigest()}\n".encode())
-    for directory in sorted(dirs):
-        digest.update(f"d {directory}\n".encode())
-    return digest.hexdigest()
-
-
-def read_tree(root: Path) -> tuple[dict[str, bytes], set[str]]:
-    """The files and directories under ``root`` as `CrashModel.disk` gives them."""
-    files, dirs = {}, {"."}
-    for current, subdirs, names in os.walk(root):
-        relative = os.path.relpath(current, root).replace(os.sep, "/")
-        for name in subdirs:
-            dirs.add(name if relative == "." else f"{relative}/{name}")
-        for name in names:
-            path = name if relative == "." else f"{relative}/{name}"
-            files[path] = (Path(current) / name).read_bytes()
-    return files, dirs
-
-
-def remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)

@@ -5,7 +5,7 @@ import argparse
 
 from hypothesis import settings
 
-from ..commands.options import parse_options
+from ..scenario.strategy_options import parse_options
 from ..errors import ResilienceError
 from ..core.case import VerdictKind
 from .models import model_for

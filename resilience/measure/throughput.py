@@ -7,6 +7,8 @@ by the number of saves.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import shutil
 import statistics
 from collections.abc import Mapping
@@ -16,10 +18,38 @@ from typing import Any
 from ..core.records import CaseResult
 from ..run.harness import Harness
 from ..scenario.loader import load_document
-from ..report.qualification import StrategyThroughput
 from ..core.case import VerdictKind
 
 STEPS, CHECKPOINT_EVERY = 4, 2
+
+
+@dataclass(frozen=True)
+class StrategyThroughput:
+    """One strategy's save and restore on the checkpoint filesystem, next to the raw probe."""
+
+    strategy: str
+    world_size: int
+    bytes_per_checkpoint: int
+    save_s: float  # median over the checkpoints of one run: first rank begins .. last rank returns
+    restore_s: float  # the restart's strategy.load, slowest rank
+    raw_bytes_per_s: float
+    verdict: str
+
+    @property
+    def save_bytes_per_s(self) -> float:
+        return self.bytes_per_checkpoint / self.save_s if self.save_s > 0 else 0.0
+
+    @property
+    def restore_bytes_per_s(self) -> float:
+        return self.bytes_per_checkpoint / self.restore_s if self.restore_s > 0 else 0.0
+
+    @property
+    def save_fraction(self) -> float:
+        return self.save_bytes_per_s / self.raw_bytes_per_s if self.raw_bytes_per_s else 0.0
+
+    @property
+    def restore_fraction(self) -> float:
+        return self.restore_bytes_per_s / self.raw_bytes_per_s if self.raw_bytes_per_s else 0.0
 
 
 def throughput_case(name: str, options: Mapping[str, Any], size_bytes: int, world_size: int):

@@ -15,7 +15,9 @@ from typing import Any
 
 from ..core.case import VerdictKind
 
-PLANTED = "resilience.planted.strategies:"
+# where the planted strategies live (`package.module:` prefixes of their names)
+TWIN, STATE_BUG, STORAGE_BUG = ("resilience.planted.durable:", "resilience.planted.state_bugs:",
+                                "resilience.planted.storage_bugs:")
 RECOVERED, LOUD = VerdictKind.RECOVERED, VerdictKind.LOUD
 TWO_RANKS = {"model": "mlp", "world_size": 2, "steps": 12, "checkpoint_every": 4, "seed": 0}
 
@@ -114,40 +116,40 @@ PER_RANK, RANK_ZERO = "torch.per_rank", "torch.rank0"
 
 BUGS: tuple[PlantedBug, ...] = (
     PlantedBug("optimizer_not_restored", "optimizer state not restored (a model-only load)",
-               PLANTED + "ForgetsOptimizer", "kill_in_training", PER_RANK),
+               STATE_BUG + "ForgetsOptimizer", "kill_in_training", PER_RANK),
     PlantedBug("rank0_stream_everywhere", "RNG not restored per rank: every rank gets rank 0's stream",
-               PLANTED + "RankZeroFileEverywhere", "kill_in_training", PER_RANK),
+               STATE_BUG + "RankZeroFileEverywhere", "kill_in_training", PER_RANK),
     PlantedBug("data_position_not_restored", "data loader position not restored: the epoch starts again",
-               PLANTED + "ForgetsDataPosition", "kill_in_training", PER_RANK),
+               STATE_BUG + "ForgetsDataPosition", "kill_in_training", PER_RANK),
     PlantedBug("async_snapshot_after_return", "an async save that snapshots after returning: tensors "
-               "mutated by the next steps", PLANTED + "SnapshotsAfterReturning", "kill_in_training", PER_RANK),
+               "mutated by the next steps", STATE_BUG + "SnapshotsAfterReturning", "kill_in_training", PER_RANK),
     PlantedBug("missing_keys_ignored", "missing keys silently ignored (strict=False, DDP's module. "
-               "prefix)", PLANTED + "IgnoresMissingKeys", "kill_in_training", PER_RANK),
+               "prefix)", STATE_BUG + "IgnoresMissingKeys", "kill_in_training", PER_RANK),
     PlantedBug("loads_oldest", "the oldest checkpoint restored (a sort in the wrong direction)",
-               PLANTED + "LoadsOldest", "kill_in_training", PER_RANK),
+               STATE_BUG + "LoadsOldest", "kill_in_training", PER_RANK),
     PlantedBug("save_consumes_randomness", "a save that draws from the training RNG",
-               PLANTED + "SaveConsumesRandomness", "kill_in_training", PER_RANK),
+               STATE_BUG + "SaveConsumesRandomness", "kill_in_training", PER_RANK),
     PlantedBug("loads_by_local_rank", "shards loaded by local rank instead of global rank",
-               PLANTED + "LoadsByLocalRank", "two_nodes", PER_RANK),
+               STATE_BUG + "LoadsByLocalRank", "two_nodes", PER_RANK),
     PlantedBug("reshard_zero_fill", "resharding that zero-fills part of a tensor",
-               PLANTED + "ZeroFillReshard", "fewer_ranks", RANK_ZERO),
+               STATE_BUG + "ZeroFillReshard", "fewer_ranks", RANK_ZERO),
     PlantedBug("torn_write_accepted", "a torn write accepted (the load error swallowed, the job "
-               "starts over claiming success)", PLANTED + "IgnoresTornSave", "torn_write", PER_RANK),
+               "starts over claiming success)", STORAGE_BUG + "IgnoresTornSave", "torn_write", PER_RANK),
     PlantedBug("stale_lock_wait", "a restore that waits forever for a lock the killed writer left",
-               PLANTED + "WaitsOnStaleLock", "torn_write", PER_RANK),
+               STORAGE_BUG + "WaitsOnStaleLock", "torn_write", PER_RANK),
     PlantedBug("enospc_swallowed", "a save that swallows ENOSPC and reports the step saved",
-               PLANTED + "SwallowsEnospc", "disk_full", PLANTED + "AtomicFallbackSave"),
+               STORAGE_BUG + "SwallowsEnospc", "disk_full", TWIN + "AtomicFallbackSave"),
     PlantedBug("version_stamp_ignored", "a version stamp ignored (only older formats refused)",
-               PLANTED + "IgnoresNewerVersion", "newer_version",
+               STORAGE_BUG + "IgnoresNewerVersion", "newer_version",
                {"name": PER_RANK, "options": {"check_version": True}}),
     PlantedBug("foreign_shard_accepted", "a shard written by another rank accepted",
-               PLANTED + "AcceptsForeignShard", "foreign_shard", PLANTED + "RankStampedPerRank"),
+               STORAGE_BUG + "AcceptsForeignShard", "foreign_shard", TWIN + "RankStampedPerRank"),
     PlantedBug("pickle_loaded_in_full", "a checkpoint loaded with full unpickling (weights_only=False)",
-               PLANTED + "UnpicklesInFull", "hostile_pickle", PER_RANK),
+               STORAGE_BUG + "UnpicklesInFull", "hostile_pickle", PER_RANK),
     PlantedBug("stale_pointer_followed", "a stale `latest` pointer followed past a complete checkpoint",
-               PLANTED + "FollowsStalePointer", "stale_pointer", PLANTED + "DurableShardsThenPointer"),
+               STORAGE_BUG + "FollowsStalePointer", "stale_pointer", TWIN + "DurableShardsThenPointer"),
     PlantedBug("pointer_before_durable_shards", "the pointer made durable before the shards it names",
-               PLANTED + "PointerBeforeDurableShards", "power_loss", PLANTED + "DurableShardsThenPointer"),
+               STORAGE_BUG + "PointerBeforeDurableShards", "power_loss", TWIN + "DurableShardsThenPointer"),
 )
 
 

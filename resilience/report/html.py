@@ -3,13 +3,8 @@ from __future__ import annotations
 
 from html import escape
 
-from .qualification import (
-    FAILING,
-    CaseRecord,
-    Qualification,
-    StrategyThroughput,
-    summary,
-)
+from .qualification import FAILING, CaseRecord, Qualification, summary
+from ..measure.throughput import StrategyThroughput
 from .svg import Series, loss_plot
 
 STYLE = """

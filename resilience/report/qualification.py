@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..measure.environment import Environment
+from ..measure.throughput import StrategyThroughput
 from ..measure.fsprobe import BandwidthProbe
 from ..core.records import CaseResult
 from ..oracle.outcome import CaseOutcome
@@ -86,35 +87,6 @@ class CaseRecord:
                    first_run_losses=tuple(result.loss_series("first_run").items()),
                    restored_losses=tuple(result.loss_series("restart").items()),
                    findings=verdict.findings, logs=logs)
-
-
-@dataclass(frozen=True)
-class StrategyThroughput:
-    """One strategy's save and restore on the checkpoint filesystem, next to the raw probe."""
-
-    strategy: str
-    world_size: int
-    bytes_per_checkpoint: int
-    save_s: float  # median over the checkpoints of one run: first rank begins .. last rank returns
-    restore_s: float  # the restart's strategy.load, slowest rank
-    raw_bytes_per_s: float
-    verdict: str
-
-    @property
-    def save_bytes_per_s(self) -> float:
-        return self.bytes_per_checkpoint / self.save_s if self.save_s > 0 else 0.0
-
-    @property
-    def restore_bytes_per_s(self) -> float:
-        return self.bytes_per_checkpoint / self.restore_s if self.restore_s > 0 else 0.0
-
-    @property
-    def save_fraction(self) -> float:
-        return self.save_bytes_per_s / self.raw_bytes_per_s if self.raw_bytes_per_s else 0.0
-
-    @property
-    def restore_fraction(self) -> float:
-        return self.restore_bytes_per_s / self.raw_bytes_per_s if self.raw_bytes_per_s else 0.0
 
 
 @dataclass(frozen=True)

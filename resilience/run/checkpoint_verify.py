@@ -8,23 +8,22 @@ recomputed from the loaded state, and one training step from it gives a finite l
 """
 from __future__ import annotations
 
-import json
 import math
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..core import janitor
+from ..core.events import read_events, tail
 from ..launch.backend import PopenRank, rank_environment
 from ..rank.checkpoint_check import CheckPlan
 from ..errors import ResilienceError
 from ..scenario.loader import load_document, load_file
+from .supervisor import LocalRanks, deadline_after, supervise
 
-POLL_S = 0.05
-GRACE_S = 1.0  # survivors of a failed rank get this long to report their own view before teardown
+CHECK_MODULE = "resilience.rank.checkpoint_check"
 
 
 @dataclass(frozen=True)
@@ -77,7 +76,7 @@ def verify_checkpoint(checkpoint_dir: Path, case, step_check: bool = False, dead
     world_size = case.workload.world_size
     with janitor.temporary_directory("resilience-verify-") as work:
         case_file = work / "case.json"
-        case_file.write_text(json.dumps({"source": case.source, "id": case.id, "document": case.document}))
+        case.write(case_file)
         plan = CheckPlan(checkpoint_dir=str(checkpoint_dir.resolve()), world_size=world_size,
                          store_path=str(work / "store"), case_file=str(case_file), events_dir=str(work),
                          step_check=step_check, collective_timeout_s=collective_timeout_s)
@@ -92,55 +91,33 @@ def verify_checkpoint(checkpoint_dir: Path, case, step_check: bool = False, dead
 
 
 def _run_ranks(plan: CheckPlan, plan_path: Path, world_size: int, deadline_s: float, work: Path):
+    """Start one checking rank per rank of the checkpoint and supervise them: the exit statuses,
+    and whether they passed the deadline."""
     ranks = []
     try:
         for rank in range(world_size):
             with open(work / f"rank{rank}.out", "wb") as out, open(work / f"rank{rank}.err", "wb") as err:
-                popen = subprocess.Popen([sys.executable, "-m", "resilience.rank.checkpoint_check", str(plan_path), str(rank)],
+                popen = subprocess.Popen([sys.executable, "-m", CHECK_MODULE, str(plan_path), str(rank)],
                                          stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=rank_environment(),
                                          start_new_session=True)
             ranks.append(PopenRank(rank, popen))
-        deadline, timed_out = time.monotonic() + deadline_s, False
-        while True:
-            codes = [r.poll() for r in ranks]
-            if all(code is not None for code in codes):
-                break
-            if any(code not in (None, 0) for code in codes):
-                until = time.monotonic() + GRACE_S
-                while time.monotonic() < until and any(r.poll() is None for r in ranks):
-                    time.sleep(POLL_S)
-                break
-            if time.monotonic() > deadline:
-                timed_out = True
-                break
-            time.sleep(POLL_S)
-        return [r.poll() for r in ranks], timed_out
-    finally:
-        for rank in ranks:
-            rank.destroy()
+    except BaseException:
+        for started in ranks:
+            started.destroy()
+        raise
+    end = supervise(LocalRanks(ranks), deadline_after(deadline_s))
+    return list(end.codes), end.status == "deadline"
 
 
 def _views(plan: CheckPlan, codes: list[int | None], work: Path):
     views, events = [], {}
     for rank, code in enumerate(codes):
-        try:
-            lines = plan.events_path(rank).read_text(errors="replace").splitlines()
-        except FileNotFoundError:
-            lines = []
-        found = {}
-        for line in lines:
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            found[event["event"]] = event
+        found = {event["event"]: event for event in read_events(plan.events_path(rank))}
         events[rank] = found
         error = found.get("error")
-        err_path = work / f"rank{rank}.err"
-        tail = err_path.read_text(errors="replace")[-3000:] if err_path.exists() else ""
         views.append(RankView(rank=rank, returncode=code, step=found["restored"]["step"] if "restored" in found else None,
                               error=f"{error['type']}: {error['message']}" + "".join(f" (from {c})" for c in error["chain"])
-                              if error else None, stderr_tail=tail))
+                              if error else None, stderr_tail=tail(work / f"rank{rank}.err")))
     return views, events
 
 

@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from collections.abc import Callable
 
-from ..disk.crash_states import (BLOCK, HOW, CrashModel, CrashPoint, Loss, materialise, read_tree,
-                                 remove_tree, state_hash)
+from ..disk.crash_states import BLOCK, HOW, CrashModel, CrashPoint, Loss
+from ..disk.state_tree import materialise, read_tree, remove_tree, state_hash
 from ..errors import HarnessError
 from ..faults.power_loss import trace_dir
 from ..core.plan import FIRST_RUN, RESTART

@@ -5,7 +5,6 @@ first rank failure (as torchrun does) and on any exception in the harness itself
 """
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,7 +46,7 @@ class Harness:
         checkpoint_dir = work_dir / "checkpoints"
         checkpoint_dir.mkdir()
         case_file = work_dir / "case.json"
-        case_file.write_text(json.dumps({"source": case.source, "id": case.id, "document": case.document}))
+        case.write(case_file)
         plan = _Planner(case, work_dir, case_file, checkpoint_dir)
         reference, snapshots = self._reference(case, plan)
         if registry.resolve("fault", case.fault.kind).explores:

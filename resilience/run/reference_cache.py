@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..core import registry
 from ..core.directory_cache import DirectoryCache
+from ..core.paths import PROJECT_ROOT
 from ..core.case import Case
 
 FORMAT_VERSION = 1
@@ -28,21 +29,40 @@ def default_cache_dir() -> Path:
     return Path(base) / "resilience" / "references"
 
 
+# Everything a reference rank runs: its entry and hooks, the case it reads back, the workload,
+# the strategy that trains, the faults' rank side, and what those import below them.
+RANK_CODE = ("errors.py", "core", "disk", "scenario", "workloads", "strategies", "faults", "rank")
+
+
+def rank_sources() -> list[Path]:
+    """The source files of every module of this package that runs inside a rank."""
+    package = PROJECT_ROOT / "resilience"
+    found = []
+    for entry in RANK_CODE:
+        path = package / entry
+        found += [path] if path.is_file() else sorted(path.rglob("*.py"))
+    return found
+
+
 def reference_key(case: Case, with_snapshots: bool) -> str:
+    """The cache key of the case's reference run: it changes with anything that could change the
+    numbers: the workload spec, the topology's parallel layout, torch, the machine's placement,
+    and the source of every module a rank runs (this package's and the plug-ins' own, which may
+    live outside it)."""
     import torch
 
-    from ..rank import worker
-    from ..workloads import mlp as workload
     from ..core.device import machine_placement
 
     strategy = registry.resolve("strategy", case.strategy.name)
     trainer = strategy.trainer(case.strategy.options)
-    trained_by = (worker, workload, registry.resolve("workload", case.workload.model)) + (
+    plugins = (registry.resolve("workload", case.workload.model), strategy) + (
         strategy.trained_by(case.strategy.options) if trainer else ())
-    sources = {inspect.getsourcefile(m) for m in trained_by}
+    sources = {Path(p).resolve() for p in rank_sources()} | {
+        Path(p).resolve() for p in map(inspect.getsourcefile, plugins) if p}
     digest = hashlib.sha256()
-    for path in sorted(s for s in sources if s):
-        digest.update(Path(path).read_bytes())
+    for path in sorted(sources):
+        digest.update(str(path.relative_to(PROJECT_ROOT) if path.is_relative_to(PROJECT_ROOT) else path).encode())
+        digest.update(path.read_bytes())
     identity = {
         "format": FORMAT_VERSION, "torch": torch.__version__, "sources": digest.hexdigest(),
         "workload": asdict(case.workload), "snapshots": with_snapshots, "trainer": trainer,

@@ -19,7 +19,6 @@ stack (SIGUSR1, faulthandler), then torchrun's process group and every rank's ar
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import time
@@ -170,7 +169,7 @@ class _Driver:
                                f"({layout.incarnations()[0].name}); allowed: a new or empty directory")
         for directory in (layout.checkpoint_dir, layout.temp_dir, layout.template(REFERENCE).parent):
             directory.mkdir(parents=True, exist_ok=True)
-        layout.case_file.write_text(json.dumps({"source": case.source, "id": case.id, "document": case.document}))
+        case.write(layout.case_file)
         size = case.workload.world_size
         common = dict(case_file=str(layout.case_file), world_size=size, store_path="", phase_dir="",
                       checkpoint_dir=str(layout.checkpoint_dir), snapshot_dir=None, snapshot_step=None,

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
 from ..core.topology import Topology
-from ..workloads.mlp import Workload
+from ..workloads.base import Workload
 
 
 @dataclass(frozen=True)

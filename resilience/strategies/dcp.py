@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from ..workloads.mlp import TrainableWorkload, Workload
+from ..workloads.base import TrainableWorkload, Workload
 from .base import CheckpointStrategy, StrategyContext
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")

@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 import torch.distributed as dist
 
-from ..workloads.mlp import Workload
+from ..workloads.base import Workload
 from .base import CheckpointStrategy, StrategyContext
 
 MANIFEST_DIR = "manifests"

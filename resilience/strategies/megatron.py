@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from ..workloads.mlp import Workload
+from ..workloads.base import Workload
 from .base import CheckpointStrategy
 from .megatron_layout import TRACKER, checkpoint_file, read_tracker
 

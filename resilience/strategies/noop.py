@@ -1,7 +1,7 @@
 """The no-op strategy: never saves, so a restart always starts from scratch."""
 from __future__ import annotations
 
-from ..workloads.mlp import Workload
+from ..workloads.base import Workload
 from .base import CheckpointStrategy
 
 

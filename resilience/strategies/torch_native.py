@@ -33,7 +33,7 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
-from ..workloads.mlp import Workload
+from ..workloads.base import Workload
 from .base import CheckpointStrategy
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")

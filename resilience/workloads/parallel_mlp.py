@@ -18,8 +18,9 @@ import torch.nn.functional as F
 
 from ..core.case import WorkloadSpec
 from ..core.topology import Topology
-from .mlp import (ShuffledSampler, Workload, tensor_digest, flatten_state, hidden_width, lr_factor, sum_gradients,
-                  synthetic_dataset)
+from .base import Workload, flatten_state, tensor_digest
+from .data import ShuffledSampler, synthetic_dataset
+from .mlp import hidden_width, lr_factor, sum_gradients
 
 # Three blocks of layers; a pipeline of pp stages holds them as STAGE_BLOCKS[pp][stage].
 STAGE_BLOCKS = {1: ((0, 1, 2),), 2: ((0, 1), (2,)), 3: ((0,), (1,), (2,))}

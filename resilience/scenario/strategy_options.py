@@ -1,4 +1,4 @@
-"""Command-line values shared by the subcommands."""
+"""Strategy options given on a command line (`--option KEY=VALUE`), as a scenario would give them."""
 from __future__ import annotations
 
 import yaml

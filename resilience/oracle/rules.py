@@ -1,0 +1,83 @@
+"""The verdict rules, once: the harness's oracle (`judge`) and black-box mode's (`blackbox`)
+apply these to what each can see (the harness: state fingerprints and losses; a user's script:
+its logged losses). Worst finding wins: SILENT > HANG > LOUD > RECOVERED.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..core.case import VerdictKind
+from ..core.records import Divergence, RankError
+
+
+def loss_mismatch(got: Mapping[int, float], expected: Mapping[int, float], phase: str, rank: int) -> Divergence | None:
+    """The first step whose loss is not bitwise the expected one."""
+    for step in sorted(got):
+        if got[step] != expected.get(step):
+            return Divergence(phase=phase, rank=rank, step=step, expected=expected.get(step), got=got[step])
+    return None
+
+
+def first_run_divergence(losses: Mapping[int, Mapping[int, float]], reference: Mapping[int, float]
+                         ) -> tuple[Divergence | None, list[str]]:
+    """The first run must follow the reference until it stops: a save must not disturb training.
+    ``losses``: rank -> step -> loss."""
+    for rank in sorted(losses):
+        found = loss_mismatch(losses[rank], reference, "first_run", rank)
+        if found:
+            return found, [f"first run: rank {rank} loss at step {found.step} is {found.got!r}, "
+                           f"the reference has {found.expected!r}"]
+    return None, []
+
+
+def newest_complete_save(saved: Mapping[int, set[int]], world_size: int) -> int:
+    """The newest step whose save returned on every rank before the fault (0: none).
+    ``saved``: step -> ranks on which that save returned."""
+    return max((step for step, ranks in saved.items() if len(ranks) == world_size), default=0)
+
+
+def restore_findings(restored: Mapping[int, int], complete: int, fallback_ok: bool, newer_accepted_because: str
+                     ) -> tuple[list[str], list[str]]:
+    """What the restored steps alone say: (SILENT findings, notes). ``restored``: rank -> step;
+    rank 0's step is the one judged."""
+    silent, notes = [], []
+    if len(set(restored.values())) > 1:
+        silent.append(f"ranks restored different steps: {dict(sorted(restored.items()))}")
+    step = restored.get(0)
+    if step is not None and step < complete and not fallback_ok:
+        silent.append(f"lost checkpoint: restored step {step}, but the step-{complete} save had returned on every "
+                      f"rank before the fault")
+    if step is not None and step > complete:
+        notes.append(f"restored step {step}, newer than the last save confirmed on every rank ({complete}); "
+                     f"accepted only because {newer_accepted_because}")
+    return silent, notes
+
+
+def after_restore_divergence(losses: Mapping[int, Mapping[int, float]], expected: Mapping[int, float],
+                             restored_step: int, phase: str) -> tuple[Divergence | None, list[str]]:
+    """After the restore every loss must equal the oracle's bitwise. ``losses``: rank -> step -> loss."""
+    for rank in sorted(losses):
+        after = {s: v for s, v in losses[rank].items() if s > restored_step}
+        found = loss_mismatch(after, expected, phase, rank)
+        if found:
+            return found, [f"after restore: rank {rank} loss at step {found.step} is {found.got!r}, "
+                           f"the reference continuation has {found.expected!r}"]
+    return None, []
+
+
+def worst(silent: list[str], hung: str | None, first_error: RankError | None) -> VerdictKind:
+    """The verdict the findings add up to: SILENT > HANG > LOUD > RECOVERED."""
+    if silent:
+        return VerdictKind.SILENT
+    if hung:
+        return VerdictKind.HANG
+    if first_error:
+        return VerdictKind.LOUD
+    return VerdictKind.RECOVERED
+
+
+def findings(silent: list[str], hang_lines: list[str], first_error: RankError | None, notes: list[str]) -> tuple[str, ...]:
+    """Every finding in the order a reader needs them: what went silently wrong, where it hung, who
+    failed first, then notes."""
+    failed = [f"rank {first_error.rank} failed in {first_error.phase}: {first_error.summary()}"] if first_error else []
+    return tuple(silent + hang_lines + failed + notes)

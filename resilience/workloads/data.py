@@ -1,0 +1,44 @@
+"""The training data of the built-in workloads: a fixed synthetic dataset and the sampler whose
+position a checkpoint must carry."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class ShuffledSampler:
+    """Global batches of dataset indices, reshuffled every epoch from the seed; ``state()`` (epoch
+    and position) is what a checkpoint must carry to resume the same data order."""
+
+    def __init__(self, seed: int, dataset_size: int, global_batch: int):
+        self.seed, self.dataset_size, self.global_batch = seed, dataset_size, global_batch
+        self.epoch, self.position = 0, 0
+        self._permutation = self._epoch_permutation(0)
+
+    def _epoch_permutation(self, epoch: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(self.dataset_size, generator=generator)
+
+    def next_indices(self) -> torch.Tensor:
+        if self.position + self.global_batch > self.dataset_size:
+            self.epoch, self.position = self.epoch + 1, 0
+            self._permutation = self._epoch_permutation(self.epoch)
+        indices = self._permutation[self.position:self.position + self.global_batch]
+        self.position += self.global_batch
+        return indices
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._permutation = self._epoch_permutation(self.epoch)
+
+
+def synthetic_dataset(seed: int, size: int, input_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and the targets a fixed random tanh teacher gives them."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    inputs = torch.randn(size, input_dim, generator=generator)
+    teacher = torch.randn(input_dim, 1, generator=generator)
+    return inputs, torch.tanh(inputs @ teacher)
