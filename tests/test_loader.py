@@ -124,7 +124,8 @@ MALFORMED = [
     ("fault rank == world_size", {"fault.rank": 2}, "fault.rank", 2, "0..1"),
     ("fault rank negative", {"fault.rank": -1}, "fault.rank", -1, "0..1"),
     ("missing name", {"name": DROP}, "name", None, None),
-    ("missing description", {"description": DROP}, "description", None, None),
+    ("description not a string", {"description": 5}, "description", 5, None),
+    ("empty description", {"description": " "}, "description", " ", None),
     ("missing workload", {"workload": DROP}, "workload", None, None),
     ("missing workload.steps", {"workload.steps": DROP}, "workload.steps", None, None),
     ("missing workload.world_size", {"workload.world_size": DROP}, "workload.world_size", None, None),
@@ -231,9 +232,70 @@ def test_malformed_scenario_names_file_key_value_and_allowed(changes, key, value
 
 def test_missing_required_field_says_missing():
     """A missing key reads as missing, not as a type error about None."""
-    for key_path in ("name", "description", "workload", "workload.steps", "expect"):
+    for key_path in ("name", "workload", "workload.steps", "expect"):
         err = scenario_error(variant({key_path: DROP}))
         assert "missing required key" in str(err), str(err)
+
+
+def test_description_is_optional_and_defaults_to_the_name():
+    """A new user's first file often has no description: the name stands in for it, in every case."""
+    for absent in (DROP, None):
+        scenario = load(variant({"description": absent, "matrix": {"fault.rank": [0, 1]}}))
+        assert [case.description for case in scenario.cases] == ["base scenario", "base scenario"]
+        for case in scenario.cases:
+            assert json_round_trip(case) == case
+
+
+def test_every_mistake_of_a_file_is_reported_in_one_error():
+    """Three independent mistakes: one error, one line each, every line as that mistake alone reads."""
+    mistakes = {"colour": "red", "strategy": "torch.per_rnk", "tier": "nightly"}
+    err = scenario_error(variant(mistakes))
+    alone = {key: str(scenario_error(variant({key: value}))) for key, value in mistakes.items()}
+    lines = str(err).splitlines()
+    assert len(lines) == 3, str(err)
+    assert sorted(lines) == sorted(alone.values())
+    assert all(line.startswith(f"{SOURCE}: ") for line in lines)
+    assert err.key == "colour"  # the first problem's key, for callers that look at one
+    assert lines[0] == alone["colour"]
+
+
+def test_a_mistake_the_matrix_repeats_is_reported_once_and_distinct_ones_each():
+    """The same bad value in every case of a matrix is one problem; two different bad values are two."""
+    err = scenario_error(variant({"tier": "nightly", "matrix": {"strategy": ["torch.rank0", "torch.per_rank"]}}))
+    assert len(str(err).splitlines()) == 1 and err.key == "tier (matrix case strategy=torch.rank0)"
+    err = scenario_error(variant({"matrix": {"fault.rank": [2, 3]}}))
+    assert [line.split(": ")[1] for line in str(err).splitlines()] == [
+        "fault.rank (matrix case fault.rank=2)", "fault.rank (matrix case fault.rank=3)"]
+
+
+def test_many_problems_are_listed_up_to_a_limit():
+    err = scenario_error(variant({f"unknown_{i}": i for i in range(30)}))
+    lines = str(err).splitlines()
+    assert len(lines) == 21 and lines[-1] == f"{SOURCE}: and 10 more problems"
+
+
+def test_a_mistyped_strategy_lists_the_allowed_names_once_and_suggests_the_near_one():
+    err = scenario_error(variant({"strategy": "torch.per_rnk"}))
+    message = str(err)
+    assert message.count("allowed:") == 1, message
+    assert "did you mean 'torch.per_rank'?" in message
+    assert err.allowed == ", ".join([*registry.STRATEGIES, "package.module:Class"])
+    assert "did you mean" not in str(scenario_error(variant({"strategy": "torch.magic"})))  # nothing close
+
+
+@pytest.mark.parametrize("changes,key,suggestion", [
+    ({"fault.kind": "partiton"}, "fault.kind", "partition"),
+    ({"workload.model": "mlpp"}, "workload.model", "mlp"),
+    ({"descripton": "d"}, "descripton", "description"),
+    ({"workload.world_sise": 2}, "workload.world_sise", "world_size"),
+    ({"strategy": {"name": "torch.rank0", "optoins": {}}}, "strategy.optoins", "options"),
+    ({"tier": "smok"}, "tier", "smoke"),
+], ids=["fault kind", "workload model", "top-level key", "workload key", "strategy key", "tier"])
+def test_near_misses_get_a_did_you_mean(changes, key, suggestion):
+    err = scenario_error(variant(changes))
+    assert err.key == key, str(err)
+    assert f"(did you mean {suggestion!r}?)" in str(err)
+    assert str(err).count("allowed:") == 1, str(err)
 
 
 def test_unknown_strategy_lists_builtins_and_import_form():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from resilience.errors import HarnessError
-from resilience.faults import network
+from resilience.faults import netns, network
 from resilience.faults.base import CaseEnvironment, FaultUnavailable
 from resilience.faults.network import NetworkError, Partition, Throttle, Topology
 from resilience.run.harness import Harness
@@ -29,7 +29,7 @@ def network_missing() -> str | None:
     if os.geteuid() != 0:
         return "network namespaces need root"
     missing = [tool for tool in ("ip", "tc", "nft") if shutil.which(tool) is None]
-    return f"missing {', '.join(missing)} (apt-get install iproute2 nftables)" if missing else None
+    return f"missing {', '.join(missing)}: apt-get install iproute2 nftables (as root)" if missing else None
 
 
 needs_network = pytest.mark.skipif(network_missing() is not None, reason=str(network_missing()))
@@ -49,7 +49,7 @@ def run(tmp_path, cache, fault, steps=12, **overrides):
     except FaultUnavailable as exc:
         pytest.skip(f"{fault['kind']} unavailable here: {exc}")
     # this process's harness made them (another xdist worker's may exist meanwhile): none is left
-    assert not [name for name in network.list_namespaces() if name.startswith(f"resilience-{os.getpid()}-")]
+    assert not [name for name in netns.list_namespaces() if name.startswith(f"resilience-{os.getpid()}-")]
     record = json.loads((result.work_dir / network.RECORD).read_text())
     assert record["removed"] is True and record["switch"].startswith(f"resilience-{os.getpid()}-")
     for phase in result.phases[1:]:
@@ -157,7 +157,7 @@ def test_namespaces_of_a_dead_harness_are_removed_and_a_live_ones_kept(tmp_path)
     try:
         for topology in (stale, live):
             topology.create()
-        removed = network.remove_stale_namespaces()
+        removed = netns.remove_stale_namespaces()
         assert set(stale.names()) <= set(removed)
         assert stale.existing() == [] and sorted(live.existing()) == sorted(live.names())
     finally:
@@ -169,10 +169,10 @@ def test_names_are_unique_per_case_and_interface_names_fit_ifnamsiz():
     first, second = Topology(64), Topology(64)
     assert not set(first.names()) & set(second.names())
     assert first.prefix.startswith(f"resilience-{os.getpid()}-")
-    assert all(network.NAME.match(name) for name in first.names())
+    assert all(netns.NAME.match(name) for name in first.names())
     for rank in first.ranks:
         assert len(rank["ifname"].encode()) <= 15 and len(rank["port"].encode()) <= 15
-    assert len(network.BRIDGE) <= 15
+    assert len(netns.BRIDGE) <= 15
     assert len({r["address"] for r in first.ranks}) == 64
 
 
@@ -183,9 +183,22 @@ def test_without_root_or_tools_the_fault_is_unavailable_with_the_reason(tmp_path
         Partition(env.case.fault).setup(env)
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "nft" else f"/usr/sbin/{tool}")
-    with pytest.raises(FaultUnavailable, match=r"needs `nft` \(install nftables\)"):
+    with pytest.raises(FaultUnavailable, match=r"needs `nft`, not found on PATH: apt-get install nftables \(as root\)"):
         Partition(env.case.fault).setup(env)
     assert issubclass(NetworkError, HarnessError)
+
+
+def test_the_skip_reason_without_nftables_names_the_package_to_install(tmp_path, monkeypatch):
+    """The reason a partition case is skipped for says what to run, whoever runs the suite."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no nft, ip or tc on PATH
+    assert Partition.unavailable_reason() == (
+        "partition needs `ip`, `nft`, not found on PATH: apt-get install iproute2 nftables (as root)")
+    (tmp_path / "ip").write_text("#!/bin/sh\n")
+    (tmp_path / "ip").chmod(0o755)
+    assert Partition.unavailable_reason() == (
+        "partition needs `nft`, not found on PATH: apt-get install nftables (as root)")
+    assert Throttle.unavailable_reason() == "throttle needs `tc`, not found on PATH: apt-get install iproute2 (as root)"
 
 
 # -- scenario validation ------------------------------------------------------------------------------

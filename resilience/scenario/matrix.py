@@ -1,0 +1,118 @@
+"""A scenario's `matrix` -> one (case id, overrides) per case, and the overrides applied to a copy.
+
+A mapping matrix is the cartesian product of its axes, a list matrix names each case. The case id
+says what varies in the case, e.g. ``strategy=torch.rank0,fault.rank=2``.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import re
+from typing import Any
+
+from ..errors import ScenarioError
+from .schema import SHORT_FORMS, TOP_KEYS
+
+MAX_CASES = 1_000  # the matrix multiplies a small file into cases: refused past this
+MATRIX_FORMS = "a mapping of key path -> list of values, or a list of mappings"
+OUTCOME_KEYS = ("expect", "known_issue", "name", "description")  # in a case id only when needed to be unique
+KEY_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+Overrides = list[tuple[str, Any]]
+
+
+def expand_matrix(source: str, matrix: Any) -> list[tuple[str, Overrides]]:
+    """Each case of ``matrix`` (None: one case, no id) with the key paths it sets, in file order."""
+    if matrix is None:
+        return [("", [])]
+    if isinstance(matrix, dict):
+        combos = _product(source, matrix)
+    elif isinstance(matrix, list):
+        combos = _listed(source, matrix)
+    else:
+        raise ScenarioError(source, "matrix", "must be a mapping or a list", matrix, MATRIX_FORMS)
+    ids = [case_id(combo, full=False) for combo in combos]
+    if len(set(ids)) < len(ids):  # only the expectations tell some cases apart: name them too
+        ids = [case_id(combo, full=True) for combo in combos]
+    expanded, seen = [], set()
+    for one_id, combo in zip(ids, combos):
+        if one_id in seen:
+            raise ScenarioError(source, "matrix", f"two cases have the same values ({one_id})")
+        seen.add(one_id)
+        expanded.append((one_id, combo))
+    return expanded
+
+
+def _product(source: str, matrix: dict) -> list[Overrides]:
+    if not matrix:
+        raise ScenarioError(source, "matrix", "an empty matrix expands to no case", matrix, MATRIX_FORMS)
+    axes = []
+    for key_path, values in matrix.items():
+        check_key_path(source, key_path)
+        if not isinstance(values, list) or not values:
+            raise ScenarioError(source, f"matrix.{key_path}", "must be a non-empty list of values", values)
+        axes.append([(key_path, value) for value in values])
+    count = math.prod(len(axis) for axis in axes)
+    if count > MAX_CASES:
+        raise ScenarioError(source, "matrix", f"expands to {count} cases", None, f"at most {MAX_CASES}")
+    return [list(combo) for combo in itertools.product(*axes)]
+
+
+def _listed(source: str, matrix: list) -> list[Overrides]:
+    if not matrix:
+        raise ScenarioError(source, "matrix", "an empty matrix expands to no case", matrix, MATRIX_FORMS)
+    combos = []
+    for index, entry in enumerate(matrix):
+        if not isinstance(entry, dict) or not entry:
+            raise ScenarioError(source, f"matrix[{index}]", "must be a non-empty mapping of key path -> value", entry)
+        for key_path in entry:
+            check_key_path(source, key_path, f"matrix[{index}]")
+        combos.append(list(entry.items()))
+    return combos
+
+
+def case_id(combo: Overrides, full: bool) -> str:
+    """What varies in this case, e.g. strategy=torch.rank0,fault.rank=2 (expectations left out)."""
+    items = [(k, v) for k, v in _id_items(combo) if full or k.split(".")[0] not in OUTCOME_KEYS]
+    return ",".join(f"{key}={_id_value(value)}" for key, value in items)
+
+
+def _id_items(combo: Overrides):
+    """A mapping value reads as its dotted leaves: fault={kind: stall, seconds: 3} gives
+    fault.kind=stall,fault.seconds=3 in the case id."""
+    for key, value in combo:
+        if isinstance(value, dict) and value:
+            yield from _id_items([(f"{key}.{k}", v) for k, v in value.items()])
+        else:
+            yield key, value
+
+
+def _id_value(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return re.sub(r"[^\w.-]+", "_", str(value)).strip("_") or "x"
+    return re.sub(r"[^\w.*-]+", "_", str(value))  # a path's "/" would read as a test id separator
+
+
+def check_key_path(source: str, key_path: Any, where: str = "matrix") -> None:
+    if not isinstance(key_path, str) or not KEY_PATH.match(key_path):
+        raise ScenarioError(source, where, "keys must be dotted key paths such as fault.rank", key_path)
+    if key_path.split(".")[0] not in TOP_KEYS or key_path.split(".")[0] == "matrix":
+        raise ScenarioError(source, f"{where}.{key_path}", "unknown key path", key_path,
+                            [k for k in TOP_KEYS if k != "matrix"])
+
+
+def set_path(source: str, doc: dict, key_path: str, value: Any) -> None:
+    """Set ``doc``'s ``key_path`` to a copy of ``value``, through the short forms (`fault: kill`)."""
+    parts = key_path.split(".")
+    node = doc
+    for depth, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif isinstance(child, str) and depth == 0 and part in SHORT_FORMS:
+            child = node[part] = {SHORT_FORMS[part]: child}
+        if not isinstance(child, dict):
+            raise ScenarioError(source, f"matrix.{key_path}", f"{'.'.join(parts[:depth + 1])} is not a mapping", child)
+        node = child
+    node[parts[-1]] = copy.deepcopy(value)

@@ -1,0 +1,199 @@
+"""One case document (a scenario without `matrix`) -> a `Case`, or every problem it has.
+
+Each section (strategy, workload, fault, restart, expect, ...) is checked even when another failed,
+as long as it does not build on that one: a file with three mistakes reports all three. Workers
+re-parse what the harness sends, so a valid case comes back from its document unchanged.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..core import registry
+from ..core.case import (Case, Expect, FaultSpec, KnownIssue, Outcome, StrategySpec, Timeouts, Trigger,
+                         VerdictKind, WorkloadSpec)
+from .checks import Problems, Validator, parse_size
+from .placement import check_restart, check_topology
+from .schema import (DEFAULT_TIMEOUTS, EXPECT_KEYS, KNOWN_ISSUE_KEYS, MAX_TIMEOUT_S, MAX_WORLD_SIZE, RANK_RNG,
+                     TIERS, TIMEOUT_KEYS, TOP_KEYS, TRIGGER_KEYS, WORKLOAD_KEYS)
+
+
+def check_case(document: Any, source: str, case_id: str = "", where: str = "",
+               problems: Problems | None = None) -> Case | None:
+    """The case, or None with its problems added to ``problems``. Raises only when ``document`` is
+    no mapping at all (nothing else can be checked then)."""
+    v = Validator(source, where, problems)
+    doc = v.mapping("", document, TOP_KEYS)
+    if "matrix" in doc:
+        v.note(v.error("matrix", "a case document cannot carry a matrix", doc.pop("matrix")))
+    name = v.section("name", v.string, "name", doc.get("name"))
+    description = name  # optional: a scenario's name often says it all
+    if doc.get("description") is not None:
+        description = v.section("description", v.string, "description", doc["description"])
+    tier = v.section("tier", v.choice, "tier", doc.get("tier", "full"), TIERS)
+    strategy = v.section("strategy", check_strategy, v, doc.get("strategy"))
+    workload = v.section("workload", check_workload, v, doc.get("workload"))
+    topology = fault = restart = None
+    if v.ok("workload"):
+        model_parallel = registry.resolve("workload", workload.model).model_parallel
+        topology = v.section("topology", check_topology, v, "topology",
+                             doc.get("topology", {} if model_parallel else None), workload.world_size, workload)
+        fault = v.section("fault", check_fault, v, doc.get("fault", {"kind": "none"}), workload)
+        if v.ok("topology"):
+            restart = v.section("restart", check_restart, v, doc.get("restart", {}), workload, topology)
+    if strategy is not None and fault is not None:
+        problem = registry.resolve("fault", fault.kind).check_strategy(registry.resolve("strategy", strategy.name))
+        if problem:
+            v.note(v.error(*problem))
+    expect = v.section("expect", check_expect, v, doc.get("expect"))
+    known_issue = None
+    if v.ok("expect"):
+        known_issue = v.section("known_issue", check_known_issue, v, doc.get("known_issue"), expect)
+    timeouts = v.section("timeouts", check_timeouts, v, doc.get("timeouts", {}))
+    if v.found_any:
+        return None
+    return Case(id=case_id or "case", source=source, name=name, description=description, tier=tier,
+                strategy=strategy, workload=workload, fault=fault, restart=restart, expect=expect,
+                known_issue=known_issue, timeouts=timeouts, document=doc, topology=topology)
+
+
+def check_strategy(v: Validator, value: Any) -> StrategySpec:
+    if isinstance(value, dict):
+        doc = v.mapping("strategy", value, ("name", "options"))
+        name, options = doc.get("name"), doc.get("options", {})
+        key = "strategy.name"
+    else:
+        name, options, key = value, {}, "strategy"
+    cls = v.plugin("strategy", key, name)
+    options = v.plain("strategy.options", v.mapping("strategy.options", options, tuple(cls.options)))
+    for option, allowed in cls.option_values.items():
+        if option in options and allowed is int:  # a count, such as ranks per write wave
+            v.integer(f"strategy.options.{option}", options[option], 1, MAX_WORLD_SIZE)
+        elif option in options:
+            v.choice(f"strategy.options.{option}", options[option], allowed)
+    check_options = getattr(cls, "check_options", None)
+    problem = check_options(options) if check_options else None
+    if problem:
+        raise v.error(*problem)
+    return StrategySpec(name=name, options=options)
+
+
+def check_workload(v: Validator, value: Any) -> WorkloadSpec:
+    doc = v.mapping("workload", v.required("workload", value), WORKLOAD_KEYS)
+    model = doc.get("model", "mlp")
+    model_parallel = v.plugin("workload", "workload.model", model).model_parallel
+    world_size = v.integer("workload.world_size", doc.get("world_size"), 1, MAX_WORLD_SIZE)
+    steps = v.integer("workload.steps", doc.get("steps"), 1, 100_000)
+    every = v.integer("workload.checkpoint_every", doc.get("checkpoint_every"), 1, steps, f"1..steps ({steps})")
+    seed = v.integer("workload.seed", doc.get("seed", 0), 0, 2**31 - 1)
+    global_batch = v.integer("workload.global_batch", doc.get("global_batch", 16), 1, 1 << 20)
+    if global_batch % world_size and not model_parallel:  # model-parallel: the topology checks dp
+        raise v.error("workload.global_batch", f"must be divisible by workload.world_size ({world_size})",
+                      global_batch, "a multiple of the world size")
+    size = parse_size(doc.get("size", "64KiB"))
+    if size is None or size < 1024:
+        raise v.error("workload.size", "must be a parameter size of at least 1KiB", doc.get("size"),
+                      "bytes as an integer, or a number with KiB, MiB, GiB (KB, MB, GB)")
+    rank_rng = v.choice("workload.rank_rng", doc.get("rank_rng", "same"), RANK_RNG)
+    options = doc.get("options", {})
+    options = v.plain("workload.options", v.mapping(
+        "workload.options", options, tuple(options) if isinstance(options, dict) else ()))
+    return WorkloadSpec(model=model, world_size=world_size, steps=steps, checkpoint_every=every, seed=seed,
+                        global_batch=global_batch, size_bytes=size, rank_rng=rank_rng, options=options)
+
+
+def check_fault(v: Validator, value: Any, workload: WorkloadSpec) -> FaultSpec:
+    if isinstance(value, str):
+        value = {"kind": value}
+    if not isinstance(value, dict):
+        raise v.error("fault", "must be a mapping with a kind", value, list(registry.FAULTS))
+    cls = v.plugin("fault", "fault.kind", value.get("kind"))
+    doc = v.mapping("fault", value, ("kind",) + (TRIGGER_KEYS if cls.needs_trigger else ()) + tuple(cls.params))
+    params = {}
+    for key, (allowed, default) in cls.params.items():
+        if allowed is float:
+            params[key] = v.number(f"fault.{key}", v.required(f"fault.{key}", doc.get(key, default)), 0)
+        elif allowed is object:  # any JSON value or absent (None); the fault's check() validates it
+            params[key] = v.plain(f"fault.{key}", doc.get(key, default))
+        elif allowed is str:  # an optional glob or name, of files under the checkpoint directory
+            glob = doc.get(key, default)
+            params[key] = glob if glob is None else v.relative_glob(f"fault.{key}", glob)
+        else:
+            params[key] = v.choice(f"fault.{key}", doc.get(key, default), allowed)
+    trigger = check_trigger(v, doc, workload, cls) if cls.needs_trigger else None
+    spec = FaultSpec(kind=doc["kind"], trigger=trigger, params=params)
+    problem = cls.check(spec)
+    if problem:
+        raise v.error(*problem)
+    return spec
+
+
+def check_trigger(v: Validator, doc: dict, workload: WorkloadSpec, cls: type) -> Trigger:
+    if cls.needs_rank:
+        rank = v.integer("fault.rank", doc.get("rank"), 0, workload.world_size - 1,
+                         f"0..{workload.world_size - 1} (workload.world_size is {workload.world_size})")
+    elif "rank" in doc:
+        raise v.error("fault.rank", f"a {cls.kind} fault hits every rank at once; leave rank out", doc["rank"])
+    else:
+        rank = 0
+    phase = v.choice("fault.phase", doc.get("phase", "save"), tuple(cls.points))
+    step = v.integer("fault.step", doc.get("step"), 1, workload.steps, f"1..{workload.steps}")
+    if phase == "save" and step not in workload.checkpoint_steps:
+        raise v.error("fault.step", "no checkpoint is saved at this step", step,
+                      ", ".join(map(str, workload.checkpoint_steps)))
+    after_bytes = doc.get("after_bytes")
+    if after_bytes is not None:
+        after_bytes = parse_size(after_bytes)
+        if after_bytes is None:
+            raise v.error("fault.after_bytes", "must be a byte offset", doc.get("after_bytes"),
+                          "an integer >= 0 or a size such as 4KiB")
+    default_point = "write" if after_bytes is not None and "write" in cls.points[phase] else cls.points[phase][0]
+    point = v.choice("fault.point", doc.get("point", default_point), cls.points[phase])
+    if point == "write" and after_bytes is None and "write" in cls.byte_points:
+        raise v.error("fault.after_bytes", "missing: point 'write' needs a byte offset")
+    if after_bytes is not None and point not in cls.byte_points:
+        raise v.error("fault.after_bytes", f"has no meaning at point {point!r}", after_bytes,
+                      f"points {', '.join(cls.byte_points)}")
+    file = v.relative_glob("fault.file", doc.get("file", "*"))
+    return Trigger(rank=rank, step=step, phase=phase, point=point, file=file, after_bytes=after_bytes)
+
+
+def check_expect(v: Validator, value: Any) -> Expect:
+    allowed = [o.value for o in Outcome]
+    doc = {"outcome": value} if isinstance(value, str) or value is None else value
+    doc = v.mapping("expect", doc, EXPECT_KEYS)
+    outcome = Outcome(v.choice("expect.outcome" if isinstance(value, dict) else "expect",
+                               doc.get("outcome"), tuple(allowed)))
+    error = doc.get("error")
+    if error is not None:
+        if outcome is not Outcome.FAILS_LOUDLY:
+            raise v.error("expect.error", "an error pattern needs outcome fails_loudly", error)
+        if not isinstance(error, str):
+            raise v.error("expect.error", "must be a regular expression string", error)
+        try:
+            re.compile(error)
+        except re.error as exc:
+            raise v.error("expect.error", f"not a valid regular expression: {exc}", error) from None
+    fallback_ok = v.boolean("expect.fallback_ok", doc.get("fallback_ok", False))
+    return Expect(outcome=outcome, error=error, fallback_ok=fallback_ok)
+
+
+def check_known_issue(v: Validator, value: Any, expect: Expect) -> KnownIssue | None:
+    if value is None:
+        return None
+    doc = v.mapping("known_issue", value, KNOWN_ISSUE_KEYS)
+    verdicts = tuple(kind.value for kind in VerdictKind)
+    verdict = VerdictKind(v.choice("known_issue.verdict", doc.get("verdict"), verdicts))
+    if verdict is expect.verdict:
+        raise v.error("known_issue.verdict", "must differ from the expected verdict", verdict.value,
+                      [kind for kind in verdicts if kind != expect.verdict.value])
+    return KnownIssue(reason=v.string("known_issue.reason", doc.get("reason")),
+                      link=v.string("known_issue.link", doc.get("link")), verdict=verdict)
+
+
+def check_timeouts(v: Validator, value: Any) -> Timeouts:
+    doc = v.mapping("timeouts", value, TIMEOUT_KEYS)
+    merged = {**DEFAULT_TIMEOUTS, **doc}
+    collective = v.number("timeouts.collective", merged["collective"], 0, MAX_TIMEOUT_S)
+    phase = v.number("timeouts.phase", merged["phase"], 0, MAX_TIMEOUT_S)
+    return Timeouts(collective_s=collective, phase_s=phase)
