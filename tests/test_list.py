@@ -50,3 +50,10 @@ def test_unknown_kind_is_refused_with_the_allowed_ones(capsys):
         cli.main(["list", "things"])
     assert exited.value.code == 2
     assert "strategies" in capsys.readouterr().err
+
+
+def test_an_abbreviation_does_not_end_the_summary():
+    class Documented:
+        """Rewrites the pointer (e.g. DeepSpeed's latest) to an older tag. Then more."""
+
+    assert first_sentence(Documented) == "Rewrites the pointer (e.g. DeepSpeed's latest) to an older tag."

@@ -6,6 +6,7 @@ Everything shown is read from the plug-in classes themselves (docstrings, ``opti
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import dataclass
 
 from ..core import registry
@@ -34,8 +35,8 @@ def first_sentence(cls: type) -> str:
     paragraph = lead(cls.__dict__.get("__doc__") or "")
     if not paragraph or paragraph.endswith(":"):  # empty, or it introduces a list
         paragraph = lead(sys.modules[cls.__module__].__doc__ or inspect.getdoc(cls) or "")
-    end = paragraph.find(". ")
-    return paragraph if end < 0 else paragraph[:end + 1]
+    end = re.search(r"(?<!\be\.g)(?<!\bi\.e)\. ", paragraph)  # "e.g." and "i.e." end no sentence
+    return paragraph if end is None else paragraph[:end.start() + 1]
 
 
 def _describe_allowed(allowed) -> str:
