@@ -9,11 +9,14 @@ class ResilienceError(Exception):
 
 
 class ScenarioError(ResilienceError):
-    """A scenario file is malformed: names the file, the key path, the bad value and what is allowed."""
+    """A scenario file is malformed: names the file, the key path, the bad value and what is allowed.
+    A file with several problems raises one error whose ``problems`` holds each (``key`` is the
+    first's); with one, ``problems`` is just this error."""
 
     def __init__(self, path: str, key: str, problem: str, value: Any = None,
-                 allowed: Iterable[Any] | str | None = None):
+                 allowed: Iterable[Any] | str | None = None, problems: tuple[ScenarioError, ...] = ()):
         self.path, self.key, self.problem, self.value = path, key, problem, value
+        self.problems = problems or (self,)
         self.allowed = allowed if isinstance(allowed, (str, type(None))) else ", ".join(map(str, allowed))
         parts = [f"{path}: {key or '<document>'}: {problem}"]
         if value is not None:

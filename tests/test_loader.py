@@ -257,6 +257,8 @@ def test_every_mistake_of_a_file_is_reported_in_one_error():
     assert all(line.startswith(f"{SOURCE}: ") for line in lines)
     assert err.key == "colour"  # the first problem's key, for callers that look at one
     assert lines[0] == alone["colour"]
+    assert sorted(str(p) for p in err.problems) == sorted(alone.values())  # each, for tools
+    assert sorted(p.key for p in err.problems) == ["colour", "strategy", "tier"]
 
 
 def test_a_mistake_the_matrix_repeats_is_reported_once_and_distinct_ones_each():

@@ -78,7 +78,7 @@ class Problems:
         if len(rest) > len(lines):
             lines.append(f"{self.source}: and {len(rest) - len(lines)} more problems")
         alone = str(first).removeprefix(f"{first.path}: {first.key or '<document>'}: ")
-        return ScenarioError(self.source, first.key, "\n".join([alone, *lines]))
+        return ScenarioError(self.source, first.key, "\n".join([alone, *lines]), problems=tuple(self.found))
 
 
 class Validator:
