@@ -67,3 +67,8 @@ class NotExpressible(Unavailable):
 
 class CaseFailed(ResilienceError):
     """The verdict is not the one the scenario expects; the message is the rendered report."""
+
+
+class InjectedCrash(RuntimeError):
+    """Raised by the crash fault (``how: thread_exception``) inside the thread that writes a
+    checkpoint file: what a writer thread's own bug or a library error there looks like."""

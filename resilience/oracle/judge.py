@@ -11,8 +11,10 @@ from . import rules
 
 
 def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: PhaseResult,
-          continuation: PhaseResult | None = None, fault_findings: tuple[str, ...] = ()) -> Verdict:
-    """``fault_findings``: what the fault itself found (`Fault.findings`), each one SILENT."""
+          continuation: PhaseResult | None = None, fault_findings: tuple[str, ...] = (),
+          fault_notes: tuple[str, ...] = ()) -> Verdict:
+    """``fault_findings``: what the fault itself found (`Fault.findings`), each one SILENT;
+    ``fault_notes``: what it did, in words (`Fault.notes`), listed last."""
     silent: list[str] = list(fault_findings)
     notes: list[str] = []
     state_diff: list[str] = []
@@ -60,7 +62,7 @@ def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: P
     hang_lines = next(([f"phase {hung} passed its {case.timeouts.phase_s:g} s deadline", *p.hang_summary]
                        for p in later if p.name == hung), [])
     return Verdict(kind=rules.worst(silent, hung, first_error),
-                   findings=rules.findings(silent, hang_lines, first_error, notes), first_error=first_error,
+                   findings=rules.findings(silent, hang_lines, first_error, notes + list(fault_notes)), first_error=first_error,
                    restored_step=restored_step, complete_step=complete, divergence=divergence, hung_phase=hung,
                    state_diff=tuple(state_diff))
 

@@ -16,8 +16,8 @@ from typing import Any
 from ..core.case import VerdictKind
 
 # where the planted strategies live (`package.module:` prefixes of their names)
-TWIN, STATE_BUG, STORAGE_BUG = ("resilience.planted.durable:", "resilience.planted.state_bugs:",
-                                "resilience.planted.storage_bugs:")
+TWIN, STATE_BUG, STORAGE_BUG, ASYNC_BUG = ("resilience.planted.durable:", "resilience.planted.state_bugs:",
+                                           "resilience.planted.storage_bugs:", "resilience.planted.async_bugs:")
 RECOVERED, LOUD = VerdictKind.RECOVERED, VerdictKind.LOUD
 TWO_RANKS = {"model": "mlp", "world_size": 2, "steps": 12, "checkpoint_every": 4, "seed": 0}
 
@@ -110,6 +110,14 @@ CATCHERS: tuple[Catcher, ...] = (
             {"workload": TWO_RANKS, "fault": {"kind": "power_loss", "step": 8},
              "timeouts": {"phase": 60}},
             frozenset({RECOVERED, LOUD})),
+    Catcher("writer_thread_exception", "DCP-shaped async save: an exception raised in the background "
+            "thread writing rank 1's step-12 shard, the job's last save: the job must fail loudly (the step-8 "
+            "restore is then right)",
+            {"workload": TWO_RANKS,
+             "fault": {"kind": "crash", "how": "thread_exception", "rank": 1, "step": 12, "point": "write",
+                       "file": "step_00000012/__1_0.distcp", "after_bytes": 4096},
+             "timeouts": {"collective": 20, "phase": 60}},
+            frozenset({LOUD}), fallback_ok=True),
 )
 
 PER_RANK, RANK_ZERO = "torch.per_rank", "torch.rank0"
@@ -150,6 +158,9 @@ BUGS: tuple[PlantedBug, ...] = (
                STORAGE_BUG + "FollowsStalePointer", "stale_pointer", TWIN + "DurableShardsThenPointer"),
     PlantedBug("pointer_before_durable_shards", "the pointer made durable before the shards it names",
                STORAGE_BUG + "PointerBeforeDurableShards", "power_loss", TWIN + "DurableShardsThenPointer"),
+    PlantedBug("writer_error_swallowed", "a background writer's exception logged, not raised: the job "
+               "believes the step saved", ASYNC_BUG + "SwallowsWriterError", "writer_thread_exception",
+               {"name": "dcp", "options": {"mode": "async"}}),
 )
 
 

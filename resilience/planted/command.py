@@ -19,7 +19,7 @@ from ..errors import ResilienceError, ScenarioError, Unavailable
 from ..run.harness import Harness
 from ..scenario.loader import load_document
 from ..core.case import VerdictKind
-from .catalogue import BUGS, CATCHERS, STATE_BUG, STORAGE_BUG, TWIN, Catcher, PlantedBug, catcher
+from .catalogue import ASYNC_BUG, BUGS, CATCHERS, STATE_BUG, STORAGE_BUG, TWIN, Catcher, PlantedBug, catcher
 
 SOURCE = "resilience/planted/catalogue.py"
 CAUGHT, ACCEPTED, NOT_APPLICABLE, ERROR = "caught", "accepted", "not applicable", "error"
@@ -71,7 +71,7 @@ def _strategy_label(strategy: Any) -> str:
         options = ", ".join(f"{k}: {v}" for k, v in strategy.get("options", {}).items())
         return f"{strategy['name']} {{{options}}}" if options else strategy["name"]
     label = str(strategy)
-    for module in (TWIN, STATE_BUG, STORAGE_BUG):  # a planted strategy is named by its class alone
+    for module in (TWIN, STATE_BUG, STORAGE_BUG, ASYNC_BUG):  # a planted strategy is named by its class alone
         label = label.removeprefix(module)
     return label
 

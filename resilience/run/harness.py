@@ -75,9 +75,10 @@ class Harness:
                                                         snapshot_dir=snapshots, snapshot_step=step,
                                                         topology=case.restart.placement), case))
             found = fault.findings(env, tuple(phases))
+            noted = fault.notes(env, tuple(phases))
         finally:
             fault.teardown(env)
-        verdict = judge(case, *phases, fault_findings=found)
+        verdict = judge(case, *phases, fault_findings=found, fault_notes=noted)
         return CaseResult(case=case, verdict=verdict, phases=tuple(phases), work_dir=work_dir)
 
     def _reference(self, case: Case, plan: "_Planner") -> tuple[PhaseResult, Path | None]:
