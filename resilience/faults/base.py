@@ -53,6 +53,10 @@ class FollowedClock:
             return 0
 
     @property
+    def save_step(self) -> int:
+        return self.step
+
+    @property
     def phase(self) -> str:
         return "save" if self.step else "idle"
 

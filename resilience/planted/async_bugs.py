@@ -1,5 +1,6 @@
-"""Planted bugs of checkpoints written in the background: a writer's failure that never reaches
-the job, and a completion marker that names a step whose shards are not all there.
+"""Planted bugs of checkpoints written in the background or published early: a writer's failure
+that never reaches the job, and a completion marker that names a step whose shards are not all
+there.
 
 Each is modelled on a failure mode seen in real training code and written against the public
 contract only; ``resilience.planted.catalogue`` names the case that must catch each one.
@@ -7,8 +8,15 @@ contract only; ``resilience.planted.catalogue`` names the case that must catch e
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
 
 from ..strategies.dcp import DcpCheckpoint, job_timeout
+from ..strategies.torch_native import step_dir
+from ..workloads.base import Workload
+from .durable import DurableShardsThenPointer, write_durably
 
 
 class SwallowsWriterError(DcpCheckpoint):
@@ -29,3 +37,28 @@ class SwallowsWriterError(DcpCheckpoint):
         failure = pending.exception(timeout=job_timeout().total_seconds())  # waits, never raises what it holds
         if failure is not None:  # the bug: a failed background write is only logged
             print(f"warning: background checkpoint of step {step} failed, continuing: {failure!r}", file=sys.stderr)
+
+
+class PointerBeforeEveryShard(DurableShardsThenPointer):
+    """Rank 0 publishes ``latest`` as soon as its own shard is durable, without waiting for the
+    other ranks' (a completion marker that can name a step with a missing shard); restore follows
+    the pointer and refuses the step when a shard is missing, loudly, never trying the older
+    complete step beside it. Loud, but the job is down while a good checkpoint sits unused."""
+
+    def save(self, workload: Workload, step: int) -> None:
+        root = self.context.checkpoint_dir
+        step_dir(root, step).mkdir(parents=True, exist_ok=True)
+        self.write_shard(workload, self.shard(step))
+        if self.context.rank == 0:  # the bug: no barrier before the pointer
+            write_durably(root / "latest", lambda file: file.write(step_dir(root, step).name.encode()))
+        dist.barrier()
+
+    def step_to_restore(self) -> int | None:
+        return self.pointed_step()
+
+    def step_location(self, step: int) -> Path:
+        return step_dir(self.context.checkpoint_dir, step)
+
+    def load_step(self, workload: Workload, step: int) -> None:
+        workload.load_state_dict(torch.load(self.shard(step), weights_only=True))
+        dist.barrier()

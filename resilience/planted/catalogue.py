@@ -29,12 +29,14 @@ class Catcher:
     document: Mapping[str, Any] = field(hash=False)  # a scenario document without strategy and expect
     accepts: frozenset[VerdictKind]  # what a correct strategy may give here
     fallback_ok: bool = False  # damage at rest: restoring an older checkpoint is right
+    fallback_required: bool = False  # a LOUD refusal is caught when an older checkpoint was intact
 
     def scenario(self, strategy: Any, label: str) -> dict:
         """The scenario document of this catcher run with ``strategy`` (a name or a mapping)."""
         outcome = "fails_loudly" if LOUD in self.accepts else "recovers"
         return {**self.document, "name": f"{label} in {self.name}", "description": self.summary,
-                "strategy": strategy, "expect": {"outcome": outcome, "fallback_ok": self.fallback_ok}}
+                "strategy": strategy, "expect": {"outcome": outcome, "fallback_ok": self.fallback_ok,
+                           "fallback": "required" if self.fallback_required else "optional"}}
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,11 @@ CATCHERS: tuple[Catcher, ...] = (
                        "file": "step_00000012/__1_0.distcp", "after_bytes": 4096},
              "timeouts": {"collective": 20, "phase": 60}},
             frozenset({LOUD}), fallback_ok=True),
+    Catcher("shard_missing_at_marker", "rank 1 aborts (SIGABRT) as the step-8 save starts, before its shard: "
+            "a restore may refuse step 8, but not while step 4 is intact (fallback required)",
+            {"workload": TWO_RANKS, "fault": {"kind": "crash", "how": "abort", "rank": 1, "step": 8},
+             "timeouts": {"collective": 20, "phase": 60}},
+            frozenset({RECOVERED, LOUD}), fallback_required=True),
 )
 
 PER_RANK, RANK_ZERO = "torch.per_rank", "torch.rank0"
@@ -161,6 +168,9 @@ BUGS: tuple[PlantedBug, ...] = (
     PlantedBug("writer_error_swallowed", "a background writer's exception logged, not raised: the job "
                "believes the step saved", ASYNC_BUG + "SwallowsWriterError", "writer_thread_exception",
                {"name": "dcp", "options": {"mode": "async"}}),
+    PlantedBug("marker_names_missing_shard", "a completion marker published before every shard is written, "
+               "followed at restore into a loud refusal beside an intact older step",
+               ASYNC_BUG + "PointerBeforeEveryShard", "shard_missing_at_marker", TWIN + "DurableShardsThenPointer"),
 )
 
 

@@ -59,6 +59,8 @@ def run_trial(harness: Harness, where: Catcher, strategy: Any, label: str) -> Tr
     if never_fired and verdict.kind not in (VerdictKind.SILENT, VerdictKind.HANG):  # a hang before it is one too
         return trial(NOT_APPLICABLE, verdict.kind.value, f"the {case.fault.kind} fault never fired: the strategy's "
                                                          f"files do not match {case.fault.trigger.file!r}")
+    if where.fallback_required and verdict.intact_step is not None:
+        return trial(CAUGHT, verdict.kind.value, next(f for f in verdict.findings if f.startswith("refused;")))
     if verdict.kind in where.accepts:
         return trial(ACCEPTED, verdict.kind.value, "")
     allowed = " or ".join(sorted(v.value for v in where.accepts))
