@@ -40,6 +40,7 @@ FAULTS = {
     "straggler": "resilience.faults.straggler:Straggler",
     "tag_mismatch": "resilience.faults.disagreement:TagMismatch",
     "crash": "resilience.faults.crash:Crash",
+    "gil_hang": "resilience.faults.gil_hang:GilHang",
 }
 WORKLOADS = {
     "mlp": "resilience.workloads.mlp:MLPWorkload",

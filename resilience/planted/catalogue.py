@@ -125,6 +125,11 @@ CATCHERS: tuple[Catcher, ...] = (
             {"workload": TWO_RANKS, "fault": {"kind": "crash", "how": "abort", "rank": 1, "step": 8},
              "timeouts": {"collective": 20, "phase": 60}},
             frozenset({RECOVERED, LOUD}), fallback_required=True),
+    Catcher("unresponsive_peer", "rank 1 holds its GIL in a C call (libc sleep through ctypes.PyDLL) as the "
+            "step-8 save starts: its peers must time out (5 s collective timeout), not wait forever",
+            {"workload": {**TWO_RANKS, "steps": 8}, "fault": {"kind": "gil_hang", "rank": 1, "step": 8},
+             "timeouts": {"collective": 5, "phase": 25}},  # short: the hang planted here costs one deadline
+            frozenset({RECOVERED, LOUD})),
 )
 
 PER_RANK, RANK_ZERO = "torch.per_rank", "torch.rank0"
@@ -171,6 +176,8 @@ BUGS: tuple[PlantedBug, ...] = (
     PlantedBug("marker_names_missing_shard", "a completion marker published before every shard is written, "
                "followed at restore into a loud refusal beside an intact older step",
                ASYNC_BUG + "PointerBeforeEveryShard", "shard_missing_at_marker", TWIN + "DurableShardsThenPointer"),
+    PlantedBug("peer_wait_without_deadline", "a save that polls for its peers' files with no deadline",
+               STORAGE_BUG + "PollsForPeersForever", "unresponsive_peer", PER_RANK),
 )
 
 
