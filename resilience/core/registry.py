@@ -41,6 +41,7 @@ FAULTS = {
     "tag_mismatch": "resilience.faults.disagreement:TagMismatch",
     "crash": "resilience.faults.crash:Crash",
     "gil_hang": "resilience.faults.gil_hang:GilHang",
+    "collective_failure": "resilience.faults.collective:CollectiveFailure",
 }
 WORKLOADS = {
     "mlp": "resilience.workloads.mlp:MLPWorkload",
