@@ -42,6 +42,7 @@ FAULTS = {
     "crash": "resilience.faults.crash:Crash",
     "gil_hang": "resilience.faults.gil_hang:GilHang",
     "collective_failure": "resilience.faults.collective:CollectiveFailure",
+    "overlapping_async": "resilience.faults.overlapping:OverlappingAsync",
 }
 WORKLOADS = {
     "mlp": "resilience.workloads.mlp:MLPWorkload",

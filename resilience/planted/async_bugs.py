@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..strategies.dcp import DcpCheckpoint, job_timeout
+from ..strategies.dcp import step_dir as dcp_step_dir
 from ..strategies.torch_native import step_dir
 from ..workloads.base import Workload
 from .durable import DurableShardsThenPointer, write_durably
@@ -62,3 +63,33 @@ class PointerBeforeEveryShard(DurableShardsThenPointer):
     def load_step(self, workload: Workload, step: int) -> None:
         workload.load_state_dict(torch.load(self.shard(step), weights_only=True))
         dist.barrier()
+
+
+class PointsAtUncommittedSave(DcpCheckpoint):
+    """Overlapping DCP async saves with a ``latest`` pointer written when ``save`` returns (the
+    state staged, not written): restore follows the pointer into a step whose write never
+    finished, and refuses it, loudly, beside an older committed step it never tries."""
+
+    def __init__(self, context):
+        super().__init__(context)
+        self.mode, self.overlap = "async", True
+
+    def save(self, workload: Workload, step: int) -> None:
+        super().save(workload, step)
+        if self.context.rank == 0:  # the bug: the pointer moves before the write is committed
+            write_durably(self.context.checkpoint_dir / "latest", lambda file: file.write(str(step).encode()))
+
+    def load(self, workload: Workload) -> None:
+        pointer = self.context.checkpoint_dir / "latest"
+        if pointer.exists():
+            self.load_step(workload, int(pointer.read_text()))
+
+    def step_location(self, step: int) -> Path:
+        return dcp_step_dir(self.context.checkpoint_dir, step)
+
+    def load_step(self, workload: Workload, step: int) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        state = self.workload.sharded_state()
+        dcp.load(state, storage_reader=self._reader(self.step_location(step)))
+        self.workload.load_sharded_state(state)

@@ -130,6 +130,12 @@ CATCHERS: tuple[Catcher, ...] = (
             {"workload": {**TWO_RANKS, "steps": 8}, "fault": {"kind": "gil_hang", "rank": 1, "step": 8},
              "timeouts": {"collective": 5, "phase": 25}},  # short: the hang planted here costs one deadline
             frozenset({RECOVERED, LOUD})),
+    Catcher("saves_in_flight", "DCP-shaped async saves every step; rank 1's writes stall from the step-3 save "
+            "on and it is killed with two saves in flight: a refusal beside a committed step fails",
+            {"workload": {**TWO_RANKS, "steps": 6, "checkpoint_every": 1},
+             "fault": {"kind": "overlapping_async", "rank": 1, "step": 3, "file": "step_0000000[3-6]/*"},
+             "timeouts": {"collective": 10, "phase": 60}},
+            frozenset({RECOVERED, LOUD}), fallback_ok=True, fallback_required=True),
 )
 
 PER_RANK, RANK_ZERO = "torch.per_rank", "torch.rank0"
@@ -178,6 +184,9 @@ BUGS: tuple[PlantedBug, ...] = (
                ASYNC_BUG + "PointerBeforeEveryShard", "shard_missing_at_marker", TWIN + "DurableShardsThenPointer"),
     PlantedBug("peer_wait_without_deadline", "a save that polls for its peers' files with no deadline",
                STORAGE_BUG + "PollsForPeersForever", "unresponsive_peer", PER_RANK),
+    PlantedBug("pointer_to_uncommitted_save", "a `latest` pointer moved when an async save returns, before its "
+               "write is committed", ASYNC_BUG + "PointsAtUncommittedSave", "saves_in_flight",
+               {"name": "dcp", "options": {"mode": "async", "overlap": True}}),
 )
 
 

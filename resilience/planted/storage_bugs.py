@@ -134,3 +134,4 @@ class PollsForPeersForever(PerRankSave):
         torch.save(self.file_content(workload), path)
         while len(list(path.parent.glob("ckpt_rank_*.pt"))) < self.context.world_size:
             time.sleep(0.05)  # the bug: no deadline
+

@@ -19,7 +19,7 @@ from ..oracle import rules
 from ..oracle.judge import expected_state
 from ..strategies.base import CheckpointStrategy
 
-MAX_PROBES = 2
+MAX_PROBES = 4
 
 
 def refused(restart: PhaseResult) -> bool:
