@@ -1,7 +1,8 @@
 """Availability inside LOUD: after a restore that refused, was an older checkpoint intact?
 
 Proven, not guessed from files existing: each candidate step (newest first) is restored with the
-strategy's own ``load_step`` in fresh ranks at the restart's topology, which then train to the end;
+strategy's own ``load_step`` in fresh ranks at the restart's topology and under its interpreter and
+packages, which then train to the end;
 its state must equal the reference state at that step and every later loss the reference's, bitwise
 (the oracle's own rules). Candidates are the checkpoints whose save returned on every rank before
 the fault, at most ``MAX_PROBES`` of them; a strategy without ``load_step`` or a restart on another

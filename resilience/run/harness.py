@@ -77,7 +77,8 @@ class Harness:
                                                         topology=case.restart.placement), case))
             intact_step, probes = availability.probe(case, phases[1], restart, reference, lambda step: self.run_phase(
                 plan.make(FALLBACK, case.restart.world_size, "step", snapshot_step=step, rank_map=case.restart.rank_map,
-                          phase_dir=work_dir / f"{FALLBACK}_step_{step}", topology=case.restart.placement), case))
+                          phase_dir=work_dir / f"{FALLBACK}_step_{step}", topology=case.restart.placement), case,
+                backend=backend_for_restart(case)))  # the restart's own software: could it have restored it?
             found = fault.findings(env, tuple(phases))
             noted = fault.notes(env, tuple(phases))
         finally:
