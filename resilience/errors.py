@@ -70,3 +70,13 @@ class NotExpressible(Unavailable):
 
 class CaseFailed(ResilienceError):
     """The verdict is not the one the scenario expects; the message is the rendered report."""
+
+
+class InjectedCrash(RuntimeError):
+    """Raised by the crash fault (``how: thread_exception``) inside the thread that writes a
+    checkpoint file: what a writer thread's own bug or a library error there looks like."""
+
+
+class InjectedCollectiveFailure(RuntimeError):
+    """Raised by the collective_failure fault (``how: raise``) in place of one rank's next
+    ``all_reduce`` or ``barrier``: what an all-reduce failure a fault-tolerant trainer injects looks like."""

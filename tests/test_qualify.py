@@ -25,6 +25,16 @@ BROKEN = {
     "fault": {"kind": "kill", "rank": 1, "step": 6, "phase": "train"},
     "expect": "recovers",
 }
+# LOUD, yet the step-4 checkpoint is intact: rank 1 aborts before its step-8 file, the restore
+# follows the newest step directory into the missing file and never tries step 4
+REFUSED = {
+    "name": "per-rank restore refuses a step with a missing file",
+    "strategy": "torch.per_rank",
+    "workload": {"model": "mlp", "world_size": 2, "steps": 12, "checkpoint_every": 4, "seed": 0},
+    "fault": {"kind": "crash", "how": "abort", "rank": 1, "step": 8, "phase": "save"},
+    "expect": "fails_loudly",
+    "timeouts": {"collective": 20, "phase": 60},
+}
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +43,10 @@ def qualified(tmp_path_factory):
     root = tmp_path_factory.mktemp("qualify")
     scenario = root / "broken.scenario.yaml"
     scenario.write_text(yaml.safe_dump(BROKEN))
+    refused = root / "refused.scenario.yaml"
+    refused.write_text(yaml.safe_dump(REFUSED))
     out = root / "report"
-    status = cli.main(["qualify", str(ROOT / "scenarios" / "no_fault.scenario.yaml"), str(scenario),
+    status = cli.main(["qualify", str(ROOT / "scenarios" / "no_fault.scenario.yaml"), str(scenario), str(refused),
                        "-k", "per_rank or forgets", "--out", str(out), "--workdir", str(root / "work"),
                        "--no-cache", "--probe-size", "8MiB", "--throughput-size", "1MiB",
                        "--throughput-world-size", "2"])
@@ -44,14 +56,14 @@ def qualified(tmp_path_factory):
 def test_exit_status_is_nonzero_when_a_case_fails(qualified):
     status, _, report = qualified
     assert status == 1
-    by_status = {c["case_id"]: c["status"] for c in report["cases"]}
-    assert sorted(by_status.values()) == ["failed", "passed"], by_status
-    assert report["summary"] == {"total": 2, "passed": 1, "failed": 1}
+    by_status = [c["status"] for c in report["cases"]]
+    assert sorted(by_status) == ["failed", "passed", "passed"], by_status
+    assert report["summary"] == {"total": 3, "passed": 2, "failed": 1}
 
 
 def test_json_carries_losses_steps_lost_and_restore_time(qualified):
     _, _, report = qualified
-    passed = next(c for c in report["cases"] if c["status"] == "passed")
+    passed = next(c for c in report["cases"] if c["status"] == "passed" and c["verdict"] == "RECOVERED")
     failed = next(c for c in report["cases"] if c["status"] == "failed")
     assert passed["verdict"] == "RECOVERED" and passed["steps_lost"] == 0 and passed["restored_step"] == 12
     assert len(passed["reference_losses"]) == 12 and passed["restore_s"] > 0
@@ -63,6 +75,23 @@ def test_json_carries_losses_steps_lost_and_restore_time(qualified):
     assert restored[6] != reference[6]  # the cold optimizer shows from step 6 on
     assert any(log["stderr_tail"] or log["stdout_tail"] for log in failed["logs"]) or failed["logs"]
     assert "python -m resilience run" in failed["replay"]
+    # lost work: the restart's start-up and load, then the replay of step 5
+    assert passed["lost_s"] == passed["restart_s"] + passed["replay_s"] and passed["replay_s"] == 0
+    assert failed["restart_s"] > 0 and failed["replay_s"] > 0 and failed["lost_s"] > failed["restart_s"]
+    by_strategy = {row["strategy"]: row for row in report["lost_work"]}
+    broken = by_strategy["tests.strategies_under_test:ForgetsOptimizer"]
+    assert broken["steps_lost"] == 1 and broken["lost_s"] == pytest.approx(failed["lost_s"])
+    assert broken["restore_s"] == pytest.approx(failed["restore_s"])
+
+
+def test_a_refused_restore_beside_an_intact_checkpoint_is_reported(qualified):
+    _, _, report = qualified
+    refused = next(c for c in report["cases"] if c["verdict"] == "LOUD")
+    assert refused["status"] == "passed" and refused["intact_step"] == 4 and refused["restored_step"] is None
+    assert any(f.startswith("refused; step 4 was intact and never tried") for f in refused["findings"])
+    assert refused["lost_s"] is None and refused["steps_lost"] is None  # nothing restored: the job is down
+    per_rank = {row["strategy"]: row for row in report["lost_work"]}["torch.per_rank"]
+    assert per_rank["cases"] == 2 and per_rank["restored"] == 1 and per_rank["refused_with_intact"] == 1
 
 
 def test_json_records_environment_and_filesystem_figures(qualified):
@@ -83,7 +112,7 @@ def test_json_records_environment_and_filesystem_figures(qualified):
 def test_junit_lists_every_case_with_its_failure(qualified):
     _, out, _ = qualified
     suite = ET.parse(out / "junit.xml").getroot()
-    assert suite.get("tests") == "2" and suite.get("failures") == "1"
+    assert suite.get("tests") == "3" and suite.get("failures") == "1"
     failures = [case for case in suite.iter("testcase") if case.find("failure") is not None]
     assert len(failures) == 1 and "SILENT" in failures[0].find("failure").text
 
@@ -98,17 +127,26 @@ def test_html_renders_in_headless_chromium(qualified):
         assert browser.errors() == []
         assert browser.evaluate("document.getElementById('overall').textContent") == "FAILED"
         header = browser.evaluate("Array.from(document.querySelectorAll('#verdict-matrix th')).map(e => e.textContent)")
-        assert {"none", "kill", "torch.per_rank", "tests.strategies_under_test:ForgetsOptimizer"} <= set(header)
+        assert {"none", "kill", "crash", "torch.per_rank", "tests.strategies_under_test:ForgetsOptimizer"} <= set(header)
         cells = browser.evaluate("Array.from(document.querySelectorAll('#verdict-matrix td a')).map(a => a.textContent)")
-        assert sorted(cells) == ["RECOVERED", "SILENT ✗"]
+        assert sorted(cells) == ["LOUD ⚠", "RECOVERED", "SILENT ✗"]
+        mark = browser.evaluate("document.querySelector('#verdict-matrix .intact').getAttribute('title')")
+        assert mark == "refused; step 4 was intact and never tried"
+        lost = browser.evaluate("Array.from(document.querySelectorAll('#lost-work tr')).map(r => "
+                                "Array.from(r.children).map(c => c.textContent))")
+        assert lost[0][:4] == ["strategy", "cases", "restored", "steps lost"] and len(lost) == 3
+        assert {row[0]: row[3] for row in lost[1:]} == {"torch.per_rank": "0",
+                                                         "tests.strategies_under_test:ForgetsOptimizer": "1"}
+        assert browser.evaluate("document.querySelectorAll('td.lost-work').length") == 3
         # every loss curve and the throughput bars are laid out with a real size: reference and
-        # first run of the no-fault case (restored at its last step), all three of the broken one
+        # first run of the no-fault case (restored at its last step), all three of the broken one,
+        # reference and first run of the refused one (nothing restored)
         widths = browser.evaluate("Array.from(document.querySelectorAll('svg.plot polyline.series, #throughput-plot rect'))"
                                   ".map(e => e.getBBox().width)")
-        assert len(widths) == 2 + 3 + 2 * 2 and all(w > 0 for w in widths), widths
-        assert browser.evaluate("document.querySelectorAll('section.case').length") == 2
+        assert len(widths) == 2 + 3 + 2 + 2 * 2 and all(w > 0 for w in widths), widths
+        assert browser.evaluate("document.querySelectorAll('section.case').length") == 3
         assert browser.evaluate("document.querySelectorAll('details.rank-log').length") >= 1
-        assert browser.evaluate("document.querySelectorAll('code.replay').length") == 2
+        assert browser.evaluate("document.querySelectorAll('code.replay').length") == 3
 
 
 def test_browser_check_sees_a_page_error(tmp_path):

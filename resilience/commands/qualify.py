@@ -33,6 +33,7 @@ from ..report.qualification import CaseRecord, Qualification
 from ..run.reference_cache import ReferenceCache, default_cache_dir
 from ..core.case import Case
 from ..measure.throughput import measure
+from ..report.lost_work import per_strategy
 
 STAGGER_SHOWN = 1  # the per-rank scheme is also measured writing one rank at a time
 
@@ -189,6 +190,11 @@ def main(args: argparse.Namespace, progress=sys.stdout) -> int:
                            environment=describe(target), cases=tuple(records), bandwidth=bandwidth,
                            throughput=figures, notes=tuple(notes))
     paths = write_reports(report, args.out)
+    for row in per_strategy(report.cases):
+        print(f"lost work {row.strategy}: {row.steps_lost} steps, {row.lost_s:.2f} s over {row.cases} cases "
+              f"(restart {row.restart_s:.2f} s + replay {row.replay_s:.2f} s; restore {row.restore_s:.2f} s)"
+              + (f"; {row.refused_with_intact} refused with an intact older checkpoint" if row.refused_with_intact
+                 else ""), file=progress, flush=True)
     skipped_in_ci = skips_fail() and any(r.status == "skipped" for r in records)
     failed = bool(report.failed or load_errors or skipped_in_ci)
     print(f"{'FAILED' if failed else 'PASSED'}: {len(report.failed)} of {len(records)} cases failed"

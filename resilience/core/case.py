@@ -85,6 +85,7 @@ class Expect:
     outcome: Outcome
     error: str | None  # regex searched in "Type: message" of the first loud error
     fallback_ok: bool  # restoring an older checkpoint than the newest complete one is acceptable
+    fallback_required: bool = False  # a LOUD refusal fails when an older checkpoint was intact
 
     @property
     def verdict(self) -> VerdictKind:

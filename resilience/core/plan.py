@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REFERENCE, FIRST_RUN, RESTART, CONTINUATION = "reference", "first_run", "restart", "continuation"
+FALLBACK = "fallback"  # after a refused restore: an older checkpoint restored with load_step in fresh ranks
 
 
 @dataclass(frozen=True)
@@ -16,12 +17,12 @@ class PhasePlan:
     store_path: str  # FileStore rendezvous: no port, nothing listening
     checkpoint_dir: str
     phase_dir: str  # events and logs of each rank
-    start: str  # "fresh", "strategy" (strategy.load) or "snapshot" (trusted reference snapshot)
+    start: str  # "fresh", "strategy" (strategy.load), "step" (strategy.load_step) or "snapshot" (trusted reference snapshot)
     save: bool  # call strategy.save after each checkpoint step
     inject: bool  # arm the case's fault
     record_states: bool  # emit the state fingerprint at step 0 and after every step
     snapshot_dir: str | None  # reference: where to write trusted snapshots; continuation: where to read
-    snapshot_step: int | None  # continuation: the step to start from
+    snapshot_step: int | None  # continuation: the step to start from; fallback: the checkpoint step to load
     rank_map: tuple[int, ...]
     collective_timeout_s: float
     topology: dict | None = None  # `Topology.as_dict()` of this phase (None: one node, pure DP)

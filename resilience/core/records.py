@@ -75,6 +75,7 @@ class Verdict:
     divergence: Divergence | None = None
     hung_phase: str | None = None
     state_diff: tuple[str, ...] = field(default=())
+    intact_step: int | None = None  # LOUD at restore, yet this older checkpoint restored and verified
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,24 @@ class CaseResult:
         """Steps the first run had trained that the restart had to train again (None: no restore)."""
         restored, trained = self.verdict.restored_step, self.loss_series("first_run")
         return None if restored is None else max(0, max(trained, default=0) - restored)
+
+    @property
+    def lost_s(self) -> tuple[float, float] | None:
+        """Seconds the restart spent before it was back where the first run had got, as (restart,
+        replay): restart from the first rank joining the group to the last rank restored (start-up
+        of the group and ``strategy.load``), replay from there to the last rank's loss at the first
+        run's last trained step. None: nothing restored. A replay the restart never finished counts
+        up to its last loss."""
+        restart = self.phase("restart")
+        if restart is None or self.verdict.restored_step is None:
+            return None
+        joined = [e["time"] for e in restart.events("joined")]
+        restored = [e["time"] for e in restart.events("restored")]
+        if not joined or not restored:
+            return None
+        back_at = self.verdict.restored_step + (self.steps_lost or 0)
+        replayed = [e["time"] for e in restart.events("loss") if self.verdict.restored_step < e["step"] <= back_at]
+        return max(restored) - min(joined), max(replayed, default=max(restored)) - max(restored)
 
     @property
     def restore_s(self) -> float | None:

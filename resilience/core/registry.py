@@ -39,6 +39,10 @@ FAULTS = {
     "read_only": "resilience.faults.storage:ReadOnly",
     "straggler": "resilience.faults.straggler:Straggler",
     "tag_mismatch": "resilience.faults.disagreement:TagMismatch",
+    "crash": "resilience.faults.crash:Crash",
+    "gil_hang": "resilience.faults.gil_hang:GilHang",
+    "collective_failure": "resilience.faults.collective:CollectiveFailure",
+    "overlapping_async": "resilience.faults.overlapping:OverlappingAsync",
 }
 WORKLOADS = {
     "mlp": "resilience.workloads.mlp:MLPWorkload",

@@ -53,6 +53,10 @@ class FollowedClock:
             return 0
 
     @property
+    def save_step(self) -> int:
+        return self.step
+
+    @property
     def phase(self) -> str:
         return "save" if self.step else "idle"
 
@@ -86,7 +90,7 @@ class Fault:
     Call order.
     Harness process: ``setup(env)`` before the first run; ``heal(env)`` after the first run ended
     (the operator's repair, e.g. freeing disk space), before the restart; ``findings(env, phases)``
-    once the last phase ended (before the verdict); ``teardown(env)`` always, last, even when an
+    then ``notes(env, phases)`` once the last phase ended (before the verdict); ``teardown(env)`` always, last, even when an
     earlier call raised.
     Rank processes of the first run (every rank; the fault checks its trigger's rank itself):
     ``arm(env)`` once, before the strategy exists; ``attach(strategy)`` once, right after it
@@ -164,6 +168,11 @@ class Fault:
         """What the fault itself saw go wrong that the ranks' events cannot show (a checkpoint file
         that ran code when loaded): each finding makes the verdict SILENT. Called once every phase
         ended, before the verdict and before ``teardown``."""
+        return ()
+
+    def notes(self, env: CaseEnvironment, phases: tuple[PhaseResult, ...]) -> tuple[str, ...]:
+        """What the fault did, in words, for the verdict's notes (never changes the verdict): how a
+        crashed rank ended, say. Called once every phase ended, after ``findings``."""
         return ()
 
     def supervise(self, events: list[dict], ranks: list) -> None:

@@ -11,8 +11,11 @@ from . import rules
 
 
 def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: PhaseResult,
-          continuation: PhaseResult | None = None, fault_findings: tuple[str, ...] = ()) -> Verdict:
-    """``fault_findings``: what the fault itself found (`Fault.findings`), each one SILENT."""
+          continuation: PhaseResult | None = None, fault_findings: tuple[str, ...] = (),
+          fault_notes: tuple[str, ...] = (), intact_step: int | None = None) -> Verdict:
+    """``fault_findings``: what the fault itself found (`Fault.findings`), each one SILENT;
+    ``fault_notes``: what it did, in words (`Fault.notes`), listed last; ``intact_step``: after a
+    refused restore, an older checkpoint proven intact (`resilience.run.availability`)."""
     silent: list[str] = list(fault_findings)
     notes: list[str] = []
     state_diff: list[str] = []
@@ -37,7 +40,7 @@ def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: P
         silent += found
         oracle = continuation if case.topology_changes else reference
         for rank, event in sorted(restored.items()):
-            expected = _expected_state(oracle, rank, event["step"])
+            expected = expected_state(oracle, rank, event["step"])
             if expected is None:
                 silent.append(f"rank {rank} restored step {event['step']}, for which no reference state "
                               f"exists (not a checkpoint step, or the oracle run failed)")
@@ -60,12 +63,13 @@ def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: P
     hang_lines = next(([f"phase {hung} passed its {case.timeouts.phase_s:g} s deadline", *p.hang_summary]
                        for p in later if p.name == hung), [])
     return Verdict(kind=rules.worst(silent, hung, first_error),
-                   findings=rules.findings(silent, hang_lines, first_error, notes), first_error=first_error,
+                   findings=rules.findings(silent, hang_lines, first_error, rules.intact_notes(intact_step) + notes
+                                           + list(fault_notes)), first_error=first_error, intact_step=intact_step,
                    restored_step=restored_step, complete_step=complete, divergence=divergence, hung_phase=hung,
                    state_diff=tuple(state_diff))
 
 
-def _expected_state(oracle: PhaseResult | None, rank: int, step: int) -> dict | None:
+def expected_state(oracle: PhaseResult | None, rank: int, step: int) -> dict | None:
     """The reference fingerprint of ``rank``'s state at ``step``: from the continuation's restore
     (a topology change), or from the reference run's per-step states."""
     if oracle is None:

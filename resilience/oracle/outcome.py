@@ -25,6 +25,9 @@ def judge_case(result: CaseResult) -> CaseOutcome:
         if not re.search(case.expect.error, text):
             matches = False
             mismatch = f"the error {text!r} does not match /{case.expect.error}/"
+    if matches and case.expect.fallback_required and verdict.intact_step is not None:
+        return CaseOutcome("failed", f"fallback required: the restore refused although step {verdict.intact_step} "
+                                     f"was intact (restored and verified in fresh ranks)")
     if case.known_issue:
         issue = case.known_issue
         if verdict.kind is issue.verdict:

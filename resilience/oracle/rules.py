@@ -65,6 +65,15 @@ def after_restore_divergence(losses: Mapping[int, Mapping[int, float]], expected
     return None, []
 
 
+def intact_notes(intact_step: int | None) -> list[str]:
+    """Availability inside LOUD: the restore refused, yet the step-``intact_step`` checkpoint
+    restored with the strategy's own load_step in fresh ranks and verified bitwise."""
+    if intact_step is None:
+        return []
+    return [f"refused; step {intact_step} was intact and never tried (load_step({intact_step}) in fresh ranks "
+            f"restored it: state and every later loss equal to the reference bitwise)"]
+
+
 def worst(silent: list[str], hung: str | None, first_error: RankError | None) -> VerdictKind:
     """The verdict the findings add up to: SILENT > HANG > LOUD > RECOVERED."""
     if silent:

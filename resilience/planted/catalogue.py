@@ -16,8 +16,8 @@ from typing import Any
 from ..core.case import VerdictKind
 
 # where the planted strategies live (`package.module:` prefixes of their names)
-TWIN, STATE_BUG, STORAGE_BUG = ("resilience.planted.durable:", "resilience.planted.state_bugs:",
-                                "resilience.planted.storage_bugs:")
+TWIN, STATE_BUG, STORAGE_BUG, ASYNC_BUG = ("resilience.planted.durable:", "resilience.planted.state_bugs:",
+                                           "resilience.planted.storage_bugs:", "resilience.planted.async_bugs:")
 RECOVERED, LOUD = VerdictKind.RECOVERED, VerdictKind.LOUD
 TWO_RANKS = {"model": "mlp", "world_size": 2, "steps": 12, "checkpoint_every": 4, "seed": 0}
 
@@ -29,12 +29,14 @@ class Catcher:
     document: Mapping[str, Any] = field(hash=False)  # a scenario document without strategy and expect
     accepts: frozenset[VerdictKind]  # what a correct strategy may give here
     fallback_ok: bool = False  # damage at rest: restoring an older checkpoint is right
+    fallback_required: bool = False  # a LOUD refusal is caught when an older checkpoint was intact
 
     def scenario(self, strategy: Any, label: str) -> dict:
         """The scenario document of this catcher run with ``strategy`` (a name or a mapping)."""
         outcome = "fails_loudly" if LOUD in self.accepts else "recovers"
         return {**self.document, "name": f"{label} in {self.name}", "description": self.summary,
-                "strategy": strategy, "expect": {"outcome": outcome, "fallback_ok": self.fallback_ok}}
+                "strategy": strategy, "expect": {"outcome": outcome, "fallback_ok": self.fallback_ok,
+                           "fallback": "required" if self.fallback_required else "optional"}}
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,30 @@ CATCHERS: tuple[Catcher, ...] = (
             {"workload": TWO_RANKS, "fault": {"kind": "power_loss", "step": 8},
              "timeouts": {"phase": 60}},
             frozenset({RECOVERED, LOUD})),
+    Catcher("writer_thread_exception", "DCP-shaped async save: an exception raised in the background "
+            "thread writing rank 1's step-12 shard, the job's last save: the job must fail loudly (the step-8 "
+            "restore is then right)",
+            {"workload": TWO_RANKS,
+             "fault": {"kind": "crash", "how": "thread_exception", "rank": 1, "step": 12, "point": "write",
+                       "file": "step_00000012/__1_0.distcp", "after_bytes": 4096},
+             "timeouts": {"collective": 20, "phase": 60}},
+            frozenset({LOUD}), fallback_ok=True),
+    Catcher("shard_missing_at_marker", "rank 1 aborts (SIGABRT) as the step-8 save starts, before its shard: "
+            "a restore may refuse step 8, but not while step 4 is intact (fallback required)",
+            {"workload": TWO_RANKS, "fault": {"kind": "crash", "how": "abort", "rank": 1, "step": 8},
+             "timeouts": {"collective": 20, "phase": 60}},
+            frozenset({RECOVERED, LOUD}), fallback_required=True),
+    Catcher("unresponsive_peer", "rank 1 holds its GIL in a C call (libc sleep through ctypes.PyDLL) as the "
+            "step-8 save starts: its peers must time out (5 s collective timeout), not wait forever",
+            {"workload": {**TWO_RANKS, "steps": 8}, "fault": {"kind": "gil_hang", "rank": 1, "step": 8},
+             "timeouts": {"collective": 5, "phase": 25}},  # short: the hang planted here costs one deadline
+            frozenset({RECOVERED, LOUD})),
+    Catcher("saves_in_flight", "DCP-shaped async saves every step; rank 1's writes stall from the step-3 save "
+            "on and it is killed with two saves in flight: a refusal beside a committed step fails",
+            {"workload": {**TWO_RANKS, "steps": 6, "checkpoint_every": 1},
+             "fault": {"kind": "overlapping_async", "rank": 1, "step": 3, "file": "step_0000000[3-6]/*"},
+             "timeouts": {"collective": 10, "phase": 60}},
+            frozenset({RECOVERED, LOUD}), fallback_ok=True, fallback_required=True),
 )
 
 PER_RANK, RANK_ZERO = "torch.per_rank", "torch.rank0"
@@ -150,6 +176,17 @@ BUGS: tuple[PlantedBug, ...] = (
                STORAGE_BUG + "FollowsStalePointer", "stale_pointer", TWIN + "DurableShardsThenPointer"),
     PlantedBug("pointer_before_durable_shards", "the pointer made durable before the shards it names",
                STORAGE_BUG + "PointerBeforeDurableShards", "power_loss", TWIN + "DurableShardsThenPointer"),
+    PlantedBug("writer_error_swallowed", "a background writer's exception logged, not raised: the job "
+               "believes the step saved", ASYNC_BUG + "SwallowsWriterError", "writer_thread_exception",
+               {"name": "dcp", "options": {"mode": "async"}}),
+    PlantedBug("marker_names_missing_shard", "a completion marker published before every shard is written, "
+               "followed at restore into a loud refusal beside an intact older step",
+               ASYNC_BUG + "PointerBeforeEveryShard", "shard_missing_at_marker", TWIN + "DurableShardsThenPointer"),
+    PlantedBug("peer_wait_without_deadline", "a save that polls for its peers' files with no deadline",
+               STORAGE_BUG + "PollsForPeersForever", "unresponsive_peer", PER_RANK),
+    PlantedBug("pointer_to_uncommitted_save", "a `latest` pointer moved when an async save returns, before its "
+               "write is committed", ASYNC_BUG + "PointsAtUncommittedSave", "saves_in_flight",
+               {"name": "dcp", "options": {"mode": "async", "overlap": True}}),
 )
 
 

@@ -19,7 +19,7 @@ from ..errors import ResilienceError, ScenarioError, Unavailable
 from ..run.harness import Harness
 from ..scenario.loader import load_document
 from ..core.case import VerdictKind
-from .catalogue import BUGS, CATCHERS, STATE_BUG, STORAGE_BUG, TWIN, Catcher, PlantedBug, catcher
+from .catalogue import ASYNC_BUG, BUGS, CATCHERS, STATE_BUG, STORAGE_BUG, TWIN, Catcher, PlantedBug, catcher
 
 SOURCE = "resilience/planted/catalogue.py"
 CAUGHT, ACCEPTED, NOT_APPLICABLE, ERROR = "caught", "accepted", "not applicable", "error"
@@ -59,6 +59,8 @@ def run_trial(harness: Harness, where: Catcher, strategy: Any, label: str) -> Tr
     if never_fired and verdict.kind not in (VerdictKind.SILENT, VerdictKind.HANG):  # a hang before it is one too
         return trial(NOT_APPLICABLE, verdict.kind.value, f"the {case.fault.kind} fault never fired: the strategy's "
                                                          f"files do not match {case.fault.trigger.file!r}")
+    if where.fallback_required and verdict.intact_step is not None:
+        return trial(CAUGHT, verdict.kind.value, next(f for f in verdict.findings if f.startswith("refused;")))
     if verdict.kind in where.accepts:
         return trial(ACCEPTED, verdict.kind.value, "")
     allowed = " or ".join(sorted(v.value for v in where.accepts))
@@ -71,7 +73,7 @@ def _strategy_label(strategy: Any) -> str:
         options = ", ".join(f"{k}: {v}" for k, v in strategy.get("options", {}).items())
         return f"{strategy['name']} {{{options}}}" if options else strategy["name"]
     label = str(strategy)
-    for module in (TWIN, STATE_BUG, STORAGE_BUG):  # a planted strategy is named by its class alone
+    for module in (TWIN, STATE_BUG, STORAGE_BUG, ASYNC_BUG):  # a planted strategy is named by its class alone
         label = label.removeprefix(module)
     return label
 

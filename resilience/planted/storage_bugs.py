@@ -1,6 +1,7 @@
 """Planted bugs in how checkpoint files are committed and read back: a write error swallowed, a
 pointer made durable before its shards, a torn file accepted, a stale pointer followed, a newer
-format, another rank's shard or a hostile pickle loaded, a lock a killed writer left.
+format, another rank's shard or a hostile pickle loaded, a lock a killed writer left, a file
+rendezvous without a deadline.
 
 Each is modelled on a failure mode seen in real training code and written against the public
 contract only; ``resilience.planted.catalogue`` names the case that must catch each one.
@@ -120,3 +121,17 @@ class WaitsOnStaleLock(PerRankSave):
         while directory is not None and any(directory.glob(".lock_rank_*")):
             time.sleep(0.1)  # the bug: no deadline, no owner check
         super().load(workload)
+
+
+class PollsForPeersForever(PerRankSave):
+    """A save that commits once every rank's file exists, found by polling the directory with no
+    deadline instead of a collective (a file rendezvous, as a writer's queue join without a
+    timeout is): a peer that stops answering leaves the job waiting forever."""
+
+    def save(self, workload: Workload, step: int) -> None:
+        path = self.file_path(step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(self.file_content(workload), path)
+        while len(list(path.parent.glob("ckpt_rank_*.pt"))) < self.context.world_size:
+            time.sleep(0.05)  # the bug: no deadline
+

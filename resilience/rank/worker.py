@@ -85,7 +85,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     events.emit("joined", world_size=plan.world_size, versions=_versions(), node=topology.node_of(rank),
                 local_rank=topology.local_rank(rank))
     context = StrategyContext(checkpoint_dir=checkpoint_dir, rank=rank, world_size=plan.world_size,
-                              previous_rank=plan.rank_map[rank] if plan.start == "strategy" else None,
+                              previous_rank=plan.rank_map[rank] if plan.start in ("strategy", "step") else None,
                               options=dict(case.strategy.options), topology=topology)
     # every phase, the oracle's too: a strategy whose engine trains the model trains it everywhere
     strategy = registry.resolve("strategy", case.strategy.name)(context)
@@ -101,6 +101,9 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     if plan.start == "strategy":
         clock.phase = "load"
         strategy.load(workload)
+    elif plan.start == "step":  # the fallback probe: exactly this checkpoint, through the strategy
+        clock.phase = "load"
+        strategy.load_step(workload, plan.snapshot_step)
     elif plan.start == "snapshot":
         workload.load_reference_snapshot(snapshots / f"step_{plan.snapshot_step}")
     clock.phase = "idle"

@@ -5,6 +5,7 @@ from html import escape
 
 from .qualification import FAILING, CaseRecord, Qualification, summary
 from ..measure.throughput import StrategyThroughput
+from .lost_work import lost_line, per_strategy
 from .svg import Series, loss_plot
 
 STYLE = """
@@ -47,11 +48,18 @@ def render_matrix(cases: tuple[CaseRecord, ...]) -> str:
             entries = cells.get((strategy, fault), [])
             links = "".join(
                 f'<a class="{c.status}" href="#{_anchor(c)}" title="{escape(c.name)}: {escape(c.fault)}">'
-                f'{escape(c.verdict or c.status.upper())}{" ✗" if c.status in FAILING else ""}</a>' for c in entries)
+                f'{escape(c.verdict or c.status.upper())}{" ✗" if c.status in FAILING else ""}'
+                f'{_intact_mark(c)}</a>' for c in entries)
             row.append(f'<td class="cell">{links or "&nbsp;"}</td>')
         rows.append("".join(row) + "</tr>")
     rows.append("</table>")
     return "".join(rows)
+
+
+def _intact_mark(record: CaseRecord) -> str:
+    if record.intact_step is None:
+        return ""
+    return f' <span class="intact" title="refused; step {record.intact_step} was intact and never tried">⚠</span>'
 
 
 def _throughput_plot(figures: tuple[StrategyThroughput, ...]) -> str:
@@ -121,6 +129,23 @@ def render_filesystem(report: Qualification) -> str:
     return "".join(parts)
 
 
+def render_lost_work(report: Qualification) -> str:
+    rows = per_strategy(report.cases)
+    if not rows:
+        return ""
+    parts = ["<h2>Lost work per strategy</h2><table id=\"lost-work\"><tr><th>strategy</th><th>cases</th>"
+             "<th>restored</th><th>steps lost</th><th>seconds lost</th><th>of which restart</th><th>of which replay</th>"
+             "<th>time to restore</th><th>refused with an intact older checkpoint</th></tr>"]
+    for row in rows:
+        parts.append(f"<tr><td>{escape(row.strategy)}</td><td>{row.cases}</td><td>{row.restored}</td>"
+                     f"<td>{row.steps_lost}</td><td>{row.lost_s:.2f} s</td><td>{row.restart_s:.2f} s</td>"
+                     f"<td>{row.replay_s:.2f} s</td><td>{row.restore_s:.2f} s</td><td>{row.refused_with_intact}</td></tr>")
+    parts.append("</table><p>Steps lost: steps the first run had trained that the restart trained again. Seconds "
+                 "lost: restart (first rank joining the group to the last rank restored) plus replay (from there "
+                 "to the last rank's loss at the first run's last step), summed over the strategy's cases.</p>")
+    return "".join(parts)
+
+
 def render_environment(report: Qualification) -> str:
     env = report.environment
     rows = [("python", env.python)] + [(name, version or "not installed") for name, version in env.libraries.items()]
@@ -142,6 +167,8 @@ def render_case(record: CaseRecord) -> str:
               f" (newest checkpoint saved on every rank: {record.complete_step if record.complete_step is not None else '-'})"
               f"</td></tr>",
               f"<tr><th>steps lost</th><td>{record.steps_lost if record.steps_lost is not None else '-'}</td></tr>",
+              f"<tr><th>work lost</th><td class=\"lost-work\">{escape(lost_line(record.steps_lost, record.restart_s, record.replay_s))}"
+              f"</td></tr>",
               f"<tr><th>time to restore</th><td>{_fmt_s(record.restore_s)}</td></tr>",
               f"<tr><th>save times</th><td>{', '.join(f'step {s}: {t:.2f} s' for s, t in record.save_s) or '-'}"
               f"</td></tr>",
@@ -178,7 +205,8 @@ def render(report: Qualification) -> str:
         f"<p>{counts['total']} cases: {escape(headline)}. Started {escape(report.started)}, "
         f"{report.elapsed_s:.0f} s. Command: <code>{escape(report.command)}</code></p>",
         "<h2>Verdict matrix</h2>", render_matrix(report.cases),
-        "<p>Each cell links to its case; ✗ marks a case whose verdict is not the one its scenario expects.</p>",
-        render_environment(report), render_filesystem(report),
+        "<p>Each cell links to its case; ✗ marks a case whose verdict is not the one its scenario expects; "
+        "⚠ marks a refused restore that left an intact older checkpoint unused.</p>",
+        render_lost_work(report), render_environment(report), render_filesystem(report),
         "<h2>Cases</h2>", "".join(render_case(c) for c in report.cases),
         "</body></html>"])

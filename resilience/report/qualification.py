@@ -15,6 +15,7 @@ from ..measure.throughput import StrategyThroughput
 from ..measure.fsprobe import BandwidthProbe
 from ..core.records import CaseResult
 from ..oracle.outcome import CaseOutcome
+from .lost_work import per_strategy
 from .text import replay_command
 from ..core.case import Case
 
@@ -48,6 +49,9 @@ class CaseRecord:
     complete_step: int | None = None
     steps_lost: int | None = None
     restore_s: float | None = None
+    restart_s: float | None = None  # lost work: group start-up and restore, then replay of the lost steps
+    replay_s: float | None = None
+    intact_step: int | None = None  # LOUD: an older checkpoint that was intact but never used
     save_s: tuple[tuple[int, float], ...] = ()
     reference_losses: tuple[tuple[int, float], ...] = ()
     first_run_losses: tuple[tuple[int, float], ...] = ()
@@ -58,6 +62,10 @@ class CaseRecord:
     @property
     def label(self) -> str:
         return f"{self.source}[{self.case_id}]"
+
+    @property
+    def lost_s(self) -> float | None:
+        return None if self.restart_s is None or self.replay_s is None else self.restart_s + self.replay_s
 
     @property
     def passed(self) -> bool:
@@ -73,6 +81,7 @@ class CaseRecord:
     @classmethod
     def of(cls, result: CaseResult, outcome: CaseOutcome, elapsed_s: float) -> CaseRecord:
         case, verdict = result.case, result.verdict
+        restart_s, replay_s = result.lost_s or (None, None)
         logs = () if outcome.status in PASSING else tuple(
             RankLog(phase=phase.name, rank=r.rank, returncode=r.returncode, stdout_tail=r.stdout_tail,
                     stderr_tail=r.stderr_tail)
@@ -82,7 +91,8 @@ class CaseRecord:
                    verdict=verdict.kind.value, expected=case.expect.verdict.value, elapsed_s=elapsed_s,
                    replay=replay_command(case.source, case.id), restored_step=verdict.restored_step,
                    complete_step=verdict.complete_step, steps_lost=result.steps_lost,
-                   restore_s=result.restore_s, save_s=tuple(result.save_s.items()),
+                   restore_s=result.restore_s, restart_s=restart_s, replay_s=replay_s,
+                   intact_step=verdict.intact_step, save_s=tuple(result.save_s.items()),
                    reference_losses=tuple(result.loss_series("reference").items()),
                    first_run_losses=tuple(result.loss_series("first_run").items()),
                    restored_losses=tuple(result.loss_series("restart").items()),
@@ -114,7 +124,8 @@ class Qualification:
             entry.update(save_bytes_per_s=figure.save_bytes_per_s, restore_bytes_per_s=figure.restore_bytes_per_s,
                          save_fraction=figure.save_fraction, restore_fraction=figure.restore_fraction)
         for entry, record in zip(data["cases"], self.cases):
-            entry["passed"] = record.passed
+            entry.update(passed=record.passed, lost_s=record.lost_s)
+        data["lost_work"] = [{**asdict(row), "lost_s": row.lost_s} for row in per_strategy(self.cases)]
         return json.dumps(data, indent=1)
 
 

@@ -29,6 +29,10 @@ def render(result: CaseResult, reason: str = "") -> str:
         lines.append(f"why this fails: {reason}")
     lines.append(f"restored step: {verdict.restored_step}   newest checkpoint saved on every rank: "
                  f"{verdict.complete_step}")
+    lost = result.lost_s
+    if lost is not None:
+        lines.append(f"work lost: {result.steps_lost} steps, {sum(lost):.2f} s (restart {lost[0]:.2f} s + replay "
+                     f"{lost[1]:.2f} s)")
     for finding in verdict.findings:
         lines.append(f"  - {finding}")
     if verdict.divergence:

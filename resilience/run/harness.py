@@ -12,7 +12,8 @@ from ..core import janitor, registry
 from ..launch.backend import BACKENDS, DEFAULT_BACKEND, ProcessBackend, backend_for_restart
 from ..errors import HarnessError, StrategyUnavailable
 from ..faults.base import CaseEnvironment
-from ..core.plan import CONTINUATION, FIRST_RUN, REFERENCE, RESTART, PhasePlan
+from ..core.plan import CONTINUATION, FALLBACK, FIRST_RUN, REFERENCE, RESTART, PhasePlan
+from . import availability
 from .reference_cache import ReferenceCache, reference_key
 from ..core.case import Case
 from ..core.topology import Topology
@@ -74,11 +75,16 @@ class Harness:
                     phases.append(self.run_phase(plan.make(CONTINUATION, case.restart.world_size, "snapshot",
                                                         snapshot_dir=snapshots, snapshot_step=step,
                                                         topology=case.restart.placement), case))
+            intact_step, probes = availability.probe(case, phases[1], restart, reference, lambda step: self.run_phase(
+                plan.make(FALLBACK, case.restart.world_size, "step", snapshot_step=step, rank_map=case.restart.rank_map,
+                          phase_dir=work_dir / f"{FALLBACK}_step_{step}", topology=case.restart.placement), case,
+                backend=backend_for_restart(case)))  # the restart's own software: could it have restored it?
             found = fault.findings(env, tuple(phases))
+            noted = fault.notes(env, tuple(phases))
         finally:
             fault.teardown(env)
-        verdict = judge(case, *phases, fault_findings=found)
-        return CaseResult(case=case, verdict=verdict, phases=tuple(phases), work_dir=work_dir)
+        verdict = judge(case, *phases, fault_findings=found, fault_notes=noted, intact_step=intact_step)
+        return CaseResult(case=case, verdict=verdict, phases=tuple(phases) + probes, work_dir=work_dir)
 
     def _reference(self, case: Case, plan: "_Planner") -> tuple[PhaseResult, Path | None]:
         """The reference phase and its snapshot directory (only kept when the topology changes)."""

@@ -14,7 +14,7 @@ from ..core.case import (Case, Expect, FaultSpec, KnownIssue, Outcome, StrategyS
                          VerdictKind, WorkloadSpec)
 from .checks import Problems, Validator, parse_size
 from .placement import check_restart, check_topology
-from .schema import (DEFAULT_TIMEOUTS, EXPECT_KEYS, KNOWN_ISSUE_KEYS, MAX_TIMEOUT_S, MAX_WORLD_SIZE, RANK_RNG,
+from .schema import (DEFAULT_TIMEOUTS, EXPECT_KEYS, FALLBACK_CHOICES, KNOWN_ISSUE_KEYS, MAX_TIMEOUT_S, MAX_WORLD_SIZE, RANK_RNG,
                      TIERS, TIMEOUT_KEYS, TOP_KEYS, TRIGGER_KEYS, WORKLOAD_KEYS)
 
 
@@ -175,7 +175,8 @@ def check_expect(v: Validator, value: Any) -> Expect:
         except re.error as exc:
             raise v.error("expect.error", f"not a valid regular expression: {exc}", error) from None
     fallback_ok = v.boolean("expect.fallback_ok", doc.get("fallback_ok", False))
-    return Expect(outcome=outcome, error=error, fallback_ok=fallback_ok)
+    fallback = v.choice("expect.fallback", doc.get("fallback", "optional"), FALLBACK_CHOICES)
+    return Expect(outcome=outcome, error=error, fallback_ok=fallback_ok, fallback_required=fallback == "required")
 
 
 def check_known_issue(v: Validator, value: Any, expect: Expect) -> KnownIssue | None:

@@ -14,7 +14,10 @@ complete, one without it is the remains of a save that never finished.
 
 Options: ``mode: sync`` (``dcp.save``) or ``async`` (``dcp.async_save`` on a process group of its
 own, with a background thread writing; ``save`` returns once the state is staged, after waiting for
-the previous save to be committed, and the job's last save is committed when training ends), and
+the previous save to be committed, and the job's last save is committed when training ends;
+with ``overlap: true`` it does not wait: every save's future is kept, as a job that calls
+``async_save`` each step without awaiting the last one does, so several saves can be in flight,
+each on a process group of its own, and training's end waits for all of them), and
 ``storage: filesystem`` (``FileSystemWriter``/``FileSystemReader``) or ``fsspec``
 (``FsspecWriter``/``FsspecReader`` on a ``file://`` URL).
 """
@@ -160,11 +163,13 @@ class DcpCheckpoint(CheckpointStrategy):
     Every rank calls every method, together (each is collective): ``prepare`` once per process,
     ``save`` per checkpoint step, ``load`` once at restart, ``finish`` after the last step. In async
     mode ``save(N)`` first waits for the previous save's future (committing it), stages step N and
-    returns while a background thread writes it; ``finish`` waits for the last one.
+    returns while a background thread writes it; ``finish`` waits for the last one. With
+    ``overlap: true``, ``save(N)`` never waits (several saves in flight) and ``finish`` waits for all.
     """
 
-    options = ("mode", "storage")
-    option_values: ClassVar[Mapping[str, tuple[str, ...]]] = {"mode": MODES, "storage": STORAGES}
+    options = ("mode", "storage", "overlap")
+    option_values: ClassVar[Mapping[str, tuple[Any, ...]]] = {"mode": MODES, "storage": STORAGES,
+                                                              "overlap": (False, True)}
 
     def __init__(self, context: StrategyContext):
         super().__init__(context)
@@ -174,6 +179,8 @@ class DcpCheckpoint(CheckpointStrategy):
         self.async_group = None
         self.pending = None  # the upload future of the last async save, until it is committed
         self.pending_step: int | None = None
+        self.overlap = bool(context.options.get("overlap", False))
+        self.in_flight: list[tuple[int, Any]] = []  # overlap: (step, future) of every save not yet awaited
 
     @classmethod
     def trainer(cls, options: Mapping[str, Any]) -> str:
@@ -214,9 +221,21 @@ class DcpCheckpoint(CheckpointStrategy):
         if self.mode == "sync":
             dcp.save(state, storage_writer=self._writer(path))
             return
+        if self.overlap:
+            # a group per save: async_save starts a new writer thread per call (torch 2.13
+            # state_dict_saver.py:343), so saves in flight on one group interleave their collectives
+            group = dist.new_group(backend="gloo", timeout=job_timeout())
+            future = dcp.async_save(state, storage_writer=self._writer(path), process_group=group)
+            self.in_flight.append((step, future))
+            return
         self.commit()
         self.pending = dcp.async_save(state, storage_writer=self._writer(path), process_group=self.async_group)
         self.pending_step = step
+
+    def in_flight_steps(self) -> list[int]:
+        """Steps whose async save was started and has not finished writing (overlap or not)."""
+        pending = list(self.in_flight) + ([(self.pending_step, self.pending)] if self.pending is not None else [])
+        return sorted(step for step, future in pending if not future.done())
 
     def commit(self) -> None:
         """Wait for the last async save to be written, within the job's collective timeout."""
@@ -231,6 +250,9 @@ class DcpCheckpoint(CheckpointStrategy):
                                f"{job_timeout().total_seconds():g} s") from exc
 
     def finish(self, workload: Workload) -> None:
+        while self.in_flight:  # overlap: every save, oldest first
+            self.pending_step, self.pending = self.in_flight.pop(0)
+            self.commit()
         self.commit()
 
     def load(self, workload: Workload) -> None:
