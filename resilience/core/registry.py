@@ -39,6 +39,7 @@ FAULTS = {
     "read_only": "resilience.faults.storage:ReadOnly",
     "straggler": "resilience.faults.straggler:Straggler",
     "tag_mismatch": "resilience.faults.disagreement:TagMismatch",
+    "s3": "resilience.faults.s3:ObjectStoreFault",
 }
 WORKLOADS = {
     "mlp": "resilience.workloads.mlp:MLPWorkload",

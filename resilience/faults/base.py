@@ -64,6 +64,7 @@ class CaseEnvironment:
     case: Case
     case_dir: Path
     checkpoint_dir: Path
+    object_store: Any = None  # the case's `resilience.objectstore.server.S3Store`, when it has one
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,10 @@ class Fault:
     supervises: ClassVar[bool] = False
     #: whether the restart's ranks arm the fault too (faults that act on the restore's reads)
     arms_at_restart: ClassVar[bool] = False
+    #: whether the fault means something when checkpoints go to an object store (``object_store``)
+    on_objects: ClassVar[bool] = False
+    #: whether the fault needs one (it acts on the store's requests)
+    needs_object_store: ClassVar[bool] = False
 
     def __init__(self, spec: FaultSpec):
         self.spec = spec

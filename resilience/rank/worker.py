@@ -49,6 +49,10 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
 
     torch.set_num_threads(1)  # reductions over several threads change the bits of a sum
     use_private_temp_dir()
+    if plan.object_store:  # before any S3 client exists: credentials, endpoint, loopback only
+        from ..objectstore.client import enter
+
+        enter(plan.object_store, events.emit)
     case = read_case_file(Path(plan.case_file))
     topology = plan.placement()
     checkpoint_dir = topology.storage_dir(Path(plan.checkpoint_dir), rank)  # node-local storage: its node's
@@ -86,7 +90,8 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
                 local_rank=topology.local_rank(rank))
     context = StrategyContext(checkpoint_dir=checkpoint_dir, rank=rank, world_size=plan.world_size,
                               previous_rank=plan.rank_map[rank] if plan.start == "strategy" else None,
-                              options=dict(case.strategy.options), topology=topology)
+                              options=dict(case.strategy.options), topology=topology,
+                              checkpoint_url=plan.object_store["url"] if plan.object_store else None)
     # every phase, the oracle's too: a strategy whose engine trains the model trains it everywhere
     strategy = registry.resolve("strategy", case.strategy.name)(context)
     if fault:

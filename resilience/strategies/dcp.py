@@ -16,7 +16,8 @@ Options: ``mode: sync`` (``dcp.save``) or ``async`` (``dcp.async_save`` on a pro
 own, with a background thread writing; ``save`` returns once the state is staged, after waiting for
 the previous save to be committed, and the job's last save is committed when training ends), and
 ``storage: filesystem`` (``FileSystemWriter``/``FileSystemReader``) or ``fsspec``
-(``FsspecWriter``/``FsspecReader`` on a ``file://`` URL).
+(``FsspecWriter``/``FsspecReader`` on a ``file://`` URL, or, with ``object_store: s3``, on the
+case's ``s3://`` URL through s3fs, whose rename is a server-side copy then a delete).
 """
 from __future__ import annotations
 
@@ -48,6 +49,16 @@ def committed_steps(root: Path) -> list[int]:
     if not root.is_dir():
         return []
     steps = [int(m.group(1)) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and (p / METADATA).is_file()]
+    return sorted(steps, reverse=True)
+
+
+def committed_steps_at(url: str) -> list[int]:
+    """`committed_steps` of an fsspec URL (an object store: listed afresh, never from a cache)."""
+    from fsspec.core import url_to_fs
+
+    fs, root = url_to_fs(url)
+    found = fs.glob(f"{root}/step_*/{METADATA}", refresh=True)
+    steps = [int(m.group(1)) for path in found if (m := STEP_DIR.match(path.rstrip("/").split("/")[-2]))]
     return sorted(steps, reverse=True)
 
 
@@ -188,18 +199,38 @@ class DcpCheckpoint(CheckpointStrategy):
             self.async_group = dist.new_group(backend="gloo", timeout=job_timeout())
         return self.workload
 
-    def _writer(self, path: Path):
+    @classmethod
+    def check_object_store(cls, options: Mapping[str, Any], store: str):
+        if options.get("storage", "filesystem") != "fsspec":
+            return ("strategy.options.storage", f"object_store: {store} is reached through fsspec",
+                    options.get("storage", "filesystem"), "fsspec")
+        return None
+
+    def _location(self, step: int) -> Path | str:
+        if self.context.checkpoint_url:
+            return f"{self.context.checkpoint_url}/step_{step:08d}"
+        return step_dir(self.context.checkpoint_dir, step)
+
+    def _writer(self, path: Path | str):
         import torch.distributed.checkpoint as dcp
 
+        if isinstance(path, str):
+            from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+            return FsspecWriter(path)
         if self.storage == "fsspec":
             from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
             return FsspecWriter(f"file://{path}")
         return dcp.FileSystemWriter(str(path))
 
-    def _reader(self, path: Path):
+    def _reader(self, path: Path | str):
         import torch.distributed.checkpoint as dcp
 
+        if isinstance(path, str):
+            from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+            return FsspecReader(path)
         if self.storage == "fsspec":
             from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
@@ -209,7 +240,7 @@ class DcpCheckpoint(CheckpointStrategy):
     def save(self, workload: Workload, step: int) -> None:
         import torch.distributed.checkpoint as dcp
 
-        path = step_dir(self.context.checkpoint_dir, step)
+        path = self._location(step)
         state = self.workload.sharded_state()
         if self.mode == "sync":
             dcp.save(state, storage_writer=self._writer(path))
@@ -236,10 +267,12 @@ class DcpCheckpoint(CheckpointStrategy):
     def load(self, workload: Workload) -> None:
         import torch.distributed.checkpoint as dcp
 
-        chosen = [committed_steps(self.context.checkpoint_dir)[:1] if self.context.rank == 0 else None]
+        url = self.context.checkpoint_url
+        newest = (committed_steps_at(url) if url else committed_steps(self.context.checkpoint_dir))[:1]
+        chosen = [newest if self.context.rank == 0 else None]
         dist.broadcast_object_list(chosen, src=0)  # every rank loads what rank 0 saw
         if not chosen[0]:
             return  # no complete checkpoint: training starts over
         state = self.workload.sharded_state()
-        dcp.load(state, storage_reader=self._reader(step_dir(self.context.checkpoint_dir, chosen[0][0])))
+        dcp.load(state, storage_reader=self._reader(self._location(chosen[0][0])))
         self.workload.load_sharded_state(state)
