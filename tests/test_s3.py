@@ -23,7 +23,7 @@ from .harness_helpers import case_from, run_case
 pytestmark = pytest.mark.skipif(missing() is not None, reason=f"object storage: {missing()}")
 
 S3_DCP = {"strategy": {"name": "dcp", "options": {"storage": "fsspec"}}, "object_store": "s3",
-          "workload": {"model": "mlp", "world_size": 4, "steps": 8, "checkpoint_every": 4, "seed": 0}}
+          "workload": {"model": "mlp", "world_size": 2, "steps": 8, "checkpoint_every": 4, "seed": 0}}
 
 
 @pytest.fixture
@@ -142,23 +142,48 @@ def _rank_events(work_dir: Path) -> list[dict]:
 @pytest.mark.slow
 def test_dcp_in_s3_survives_a_slow_down_and_stays_on_loopback(tmp_path):
     result = run_case(tmp_path, keep=True, **S3_DCP,
-                      fault={"kind": "s3", "action": "slow_down", "key": "step_00000008/__2_0.distcp"})
+                      fault={"kind": "s3", "action": "slow_down", "key": "step_00000008/__1_0.distcp"})
     assert result.verdict.kind is VerdictKind.RECOVERED, result.verdict
     log = read_log(result.work_dir / "s3_requests.jsonl")
-    shard = [e["status"] for e in log if e["method"] == "PUT" and e["key"] == "step_00000008/__2_0.distcp"]
+    shard = [e["status"] for e in log if e["method"] == "PUT" and e["key"] == "step_00000008/__1_0.distcp"]
     assert shard[:2] == [503, 200]  # s3fs (through aiobotocore) retried the throttled PUT once
     events = _rank_events(result.work_dir)
-    assert any(e["event"] == "fault_fired" and e["rank"] == 2 for e in events)
+    assert any(e["event"] == "fault_fired" and e["rank"] == 1 for e in events)
     assert not [e for e in events if e["event"] == "outbound_connection"]
     assert {e["key"] for e in log} and all(e["client_port"] for e in log)
 
 
 @pytest.mark.slow
-def test_dcp_in_s3_rank_killed_mid_upload_leaves_no_object(tmp_path):
-    result = run_case(tmp_path, keep=True, **S3_DCP, fault={
-        "kind": "s3", "action": "kill", "key": "step_00000008/__2_0.distcp", "after_bytes": 4096})
+def test_dcp_in_s3_rank_killed_inside_a_multipart_upload_leaves_it_incomplete(tmp_path):
+    result = run_case(tmp_path, keep=True, **{
+        **S3_DCP, "workload": {**S3_DCP["workload"], "size": "4MiB"},
+        "strategy": {"name": "dcp", "options": {"storage": "fsspec", "part_size": "5MiB"}}}, fault={
+        "kind": "s3", "action": "kill", "key": "step_00000008/__1_0.distcp", "nth": 2, "after_bytes": 4096})
     assert result.verdict.kind is VerdictKind.RECOVERED, result.verdict
     assert result.phases[-1].restored()[0]["step"] == 4
-    after_first_run = json.loads((result.work_dir / "s3_objects.first_run.json").read_text())["objects"]
-    assert "step_00000004/.metadata" in after_first_run
-    assert not {"step_00000008/__2_0.distcp", "step_00000008/.metadata"} & set(after_first_run)
+    bucket = json.loads((result.work_dir / "s3_objects.first_run.json").read_text())
+    assert "step_00000004/.metadata" in bucket["objects"]
+    assert not {"step_00000008/__1_0.distcp", "step_00000008/.metadata"} & set(bucket["objects"])
+    assert bucket["incomplete_uploads"] == ["step_00000008/__1_0.distcp"]
+    parts = [e for e in read_log(result.work_dir / "s3_requests.jsonl") if e["key"] == "step_00000008/__1_0.distcp"
+             and "partNumber=" in e["query"]]
+    assert parts[0]["status"] == 200 and parts[1].get("cut")  # part 1 stored, part 2 cut by the kill
+
+
+def test_fork_server_preload_imports_no_s3_client():
+    """s3fs starts an IO thread on first use and the fork server must stay single-threaded: no S3
+    client is imported by its preload (a rank imports s3fs itself, after the fork)."""
+    code = ("import sys; import resilience.rank.zygote as z; print(z.THREADS_AFTER_PRELOAD, "
+            "[m for m in ('s3fs', 'aiobotocore', 'botocore', 'boto3', 'moto') if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split(None, 1) == ["1", "[]\n"]
+
+
+def test_file_points_and_file_only_faults_are_refused_on_objects():
+    with pytest.raises(ScenarioError, match="fault.point: reaches files only"):
+        case_from(**S3_DCP, fault={"kind": "kill", "rank": 1, "step": 8, "point": "write", "after_bytes": 10})
+    with pytest.raises(ScenarioError, match="acts on files, not on objects"):
+        case_from(**S3_DCP, fault={"kind": "duplicate_file", "rank": 0, "step": 8, "source": "*__0_0.distcp"})
+    assert case_from(**S3_DCP, fault={"kind": "bit_flip", "rank": 0, "step": 8}).object_store == "s3"

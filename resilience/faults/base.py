@@ -79,6 +79,7 @@ class RankEnvironment:
     case_dir: Path | None = None  # CaseEnvironment.case_dir: what the harness side left for the ranks
     process: str = "rank"  # or "helper": a process the rank's libraries started (see helper_hook)
     incarnation: str = "first_run"  # or "restart": only for faults whose ``arms_at_restart`` is true
+    checkpoint_url: str | None = None  # the case's object store (``s3://...``) in place of checkpoint_dir
 
 
 class Fault:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..core.case import FaultSpec
-from ..core.events import EventLog
+from ..core.events import EventLog, read_events
 from ..core.plan import FIRST_RUN, events_file
 from ..objectstore.proxy import ACTIONS, METHODS, ProxyRule, Request
 from .base import CaseEnvironment, Fault
@@ -95,10 +95,12 @@ class ObjectStoreFault(Fault):
         process = self.ranks.get(pid)
         if process is None:  # not a rank of this first run: the harness's own, or the restart's
             return False
-        log = EventLog(events_file(self.case_dir / FIRST_RUN, process.rank), process.rank)
-        log.emit("fault_fired", kind=self.kind, action=rule.action, method=request.method, key=request.key,
-                 query=request.query, copy_source=request.copy_source, pid=pid,
-                 ends_process=rule.action == "kill", after_bytes=rule.after_bytes)
+        path = events_file(self.case_dir / FIRST_RUN, process.rank)
+        step, phase = where_rank_is(read_events(path))
+        log = EventLog(path, process.rank)
+        log.emit("fault_fired", kind=self.kind, step=step, phase=phase, point=rule.action, file=request.key,
+                 offset=rule.after_bytes, method=request.method, query=request.query,
+                 copy_source=request.copy_source, pid=pid, ends_process=rule.action == "kill")
         log.close()
         return True
 
@@ -106,3 +108,15 @@ class ObjectStoreFault(Fault):
         process = self.ranks.get(pid)
         if process is not None:  # a process this case started, by its pid
             process.signal(signal.SIGKILL)
+
+
+def where_rank_is(events: list[dict]) -> tuple[int, str]:
+    """The step and phase a rank is in, from its events so far: inside the last save it began and
+    has not returned from ("save"), otherwise after its last train step ("train")."""
+    step, phase = 0, "train"
+    for event in events:
+        if event["event"] == "save_begin":
+            step, phase = event["step"], "save"
+        elif event["event"] in ("save_returned", "loss"):
+            step, phase = event["step"], "train" if event["event"] == "loss" else "idle"
+    return step, phase

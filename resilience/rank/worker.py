@@ -68,7 +68,8 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     if fault:
         fault.arm(RankEnvironment(rank=rank, world_size=plan.world_size, checkpoint_dir=checkpoint_dir,
                                   clock=clock, emit=events.emit, case_dir=Path(plan.case_file).parent,
-                                  incarnation="restart" if at_restart else "first_run"))
+                                  incarnation="restart" if at_restart else "first_run",
+                                  checkpoint_url=plan.object_store["url"] if plan.object_store else None))
     if fault and fault.needs_read_interception():  # asked once armed: it may depend on the incarnation
         from ..disk.read_interception import ReadInterceptor
 

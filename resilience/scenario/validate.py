@@ -65,6 +65,9 @@ def check_case(document: Any, source: str, case_id: str = "", where: str = "",
                 object_store=object_store)
 
 
+FILE_POINTS = ("open", "write", "fsync", "close")  # points of intercepted file writes
+
+
 def check_object_store(store: str | None, strategy: StrategySpec, fault: FaultSpec) -> tuple | None:
     """Whether the strategy writes to the store and the fault acts on it (or on files)."""
     fault_cls = registry.resolve("fault", fault.kind)
@@ -76,6 +79,9 @@ def check_object_store(store: str | None, strategy: StrategySpec, fault: FaultSp
     problem = registry.resolve("strategy", strategy.name).check_object_store(strategy.options, store)
     if problem:
         return problem
+    if fault.trigger is not None and fault.trigger.point in FILE_POINTS:
+        return ("fault.point", f"reaches files only; no file is written to {store}", fault.trigger.point,
+                "start (or a fault acting after the save)")
     if not getattr(fault_cls, "on_objects", False):
         return ("fault.kind", f"acts on files, not on objects in {store}", fault.kind,
                 "none, kill at a train step, the s3 fault, or a fault that acts on objects")

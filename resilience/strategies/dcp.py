@@ -38,6 +38,7 @@ STEP_DIR = re.compile(r"^step_(\d{8})$")
 METADATA = ".metadata"  # DCP's own name for the file its coordinator writes last
 MODES = ("sync", "async")
 STORAGES = ("filesystem", "fsspec")
+MIN_PART = 5 * 2**20  # S3 refuses smaller parts than this (but the last)
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -174,7 +175,7 @@ class DcpCheckpoint(CheckpointStrategy):
     returns while a background thread writes it; ``finish`` waits for the last one.
     """
 
-    options = ("mode", "storage")
+    options = ("mode", "storage", "part_size")
     option_values: ClassVar[Mapping[str, tuple[str, ...]]] = {"mode": MODES, "storage": STORAGES}
 
     def __init__(self, context: StrategyContext):
@@ -200,6 +201,16 @@ class DcpCheckpoint(CheckpointStrategy):
         return self.workload
 
     @classmethod
+    def check_options(cls, options: Mapping[str, Any]):
+        """``part_size``: the s3fs block size, above which an object goes up as a multipart upload."""
+        from ..scenario.checks import parse_size
+
+        if "part_size" in options and (parse_size(options["part_size"]) or 0) < MIN_PART:
+            return ("strategy.options.part_size", "must be a size of at least 5 MiB (S3's smallest part)",
+                    options["part_size"], "a size such as 5MiB")
+        return None
+
+    @classmethod
     def check_object_store(cls, options: Mapping[str, Any], store: str):
         if options.get("storage", "filesystem") != "fsspec":
             return ("strategy.options.storage", f"object_store: {store} is reached through fsspec",
@@ -217,7 +228,10 @@ class DcpCheckpoint(CheckpointStrategy):
         if isinstance(path, str):
             from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-            return FsspecWriter(path)
+            from ..scenario.checks import parse_size
+
+            part = self.context.options.get("part_size")  # reaches s3fs's constructor through fsspec
+            return FsspecWriter(path, **({"default_block_size": parse_size(part)} if part else {}))
         if self.storage == "fsspec":
             from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
