@@ -17,12 +17,12 @@ own, with a background thread writing; ``save`` returns once the state is staged
 the previous save to be committed, and the job's last save is committed when training ends), and
 ``storage: filesystem`` (``FileSystemWriter``/``FileSystemReader``) or ``fsspec``
 (``FsspecWriter``/``FsspecReader`` on a ``file://`` URL, or, with ``object_store: s3``, on the
-case's ``s3://`` URL through s3fs, whose rename is a server-side copy then a delete).
+case's ``s3://`` URL through s3fs, whose rename is a server-side copy then a delete), or, with
+``object_store: s3`` only, ``s3torchconnector`` (its ``S3StorageWriter``/``S3StorageReader``).
 """
 from __future__ import annotations
 
 import concurrent.futures
-import re
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -33,12 +33,11 @@ import torch.distributed as dist
 
 from ..workloads.base import TrainableWorkload, Workload
 from .base import CheckpointStrategy, StrategyContext
+from .dcp_objects import (METADATA, STEP_DIR, committed_steps_at, missing_client, object_reader, object_storage_problem, object_writer,
+                          part_size_problem)
 
-STEP_DIR = re.compile(r"^step_(\d{8})$")
-METADATA = ".metadata"  # DCP's own name for the file its coordinator writes last
 MODES = ("sync", "async")
-STORAGES = ("filesystem", "fsspec")
-MIN_PART = 5 * 2**20  # S3 refuses smaller parts than this (but the last)
+STORAGES = ("filesystem", "fsspec", "s3torchconnector")
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -50,16 +49,6 @@ def committed_steps(root: Path) -> list[int]:
     if not root.is_dir():
         return []
     steps = [int(m.group(1)) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and (p / METADATA).is_file()]
-    return sorted(steps, reverse=True)
-
-
-def committed_steps_at(url: str) -> list[int]:
-    """`committed_steps` of an fsspec URL (an object store: listed afresh, never from a cache)."""
-    from fsspec.core import url_to_fs
-
-    fs, root = url_to_fs(url)
-    found = fs.glob(f"{root}/step_*/{METADATA}", refresh=True)
-    steps = [int(m.group(1)) for path in found if (m := STEP_DIR.match(path.rstrip("/").split("/")[-2]))]
     return sorted(steps, reverse=True)
 
 
@@ -200,38 +189,26 @@ class DcpCheckpoint(CheckpointStrategy):
             self.async_group = dist.new_group(backend="gloo", timeout=job_timeout())
         return self.workload
 
-    @classmethod
-    def check_options(cls, options: Mapping[str, Any]):
-        """``part_size``: the s3fs block size, above which an object goes up as a multipart upload."""
-        from ..scenario.checks import parse_size
-
-        if "part_size" in options and (parse_size(options["part_size"]) or 0) < MIN_PART:
-            return ("strategy.options.part_size", "must be a size of at least 5 MiB (S3's smallest part)",
-                    options["part_size"], "a size such as 5MiB")
-        return None
+    check_options = staticmethod(part_size_problem)
+    check_object_store = staticmethod(object_storage_problem)
 
     @classmethod
-    def check_object_store(cls, options: Mapping[str, Any], store: str):
-        if options.get("storage", "filesystem") != "fsspec":
-            return ("strategy.options.storage", f"object_store: {store} is reached through fsspec",
-                    options.get("storage", "filesystem"), "fsspec")
-        return None
+    def missing_for(cls, options: Mapping[str, Any]) -> str | None:
+        return missing_client(options) or cls.missing()
 
     def _location(self, step: int) -> Path | str:
         if self.context.checkpoint_url:
             return f"{self.context.checkpoint_url}/step_{step:08d}"
+        if self.storage == "s3torchconnector":  # the reference never saves: only a save or load gets here
+            raise ValueError("strategy.options.storage: s3torchconnector writes to an object store only; "
+                             "the case needs object_store: s3")
         return step_dir(self.context.checkpoint_dir, step)
 
     def _writer(self, path: Path | str):
         import torch.distributed.checkpoint as dcp
 
         if isinstance(path, str):
-            from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
-
-            from ..scenario.checks import parse_size
-
-            part = self.context.options.get("part_size")  # reaches s3fs's constructor through fsspec
-            return FsspecWriter(path, **({"default_block_size": parse_size(part)} if part else {}))
+            return object_writer(path, self.storage, self.context.options)
         if self.storage == "fsspec":
             from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
@@ -242,9 +219,7 @@ class DcpCheckpoint(CheckpointStrategy):
         import torch.distributed.checkpoint as dcp
 
         if isinstance(path, str):
-            from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-
-            return FsspecReader(path)
+            return object_reader(path, self.storage)
         if self.storage == "fsspec":
             from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
