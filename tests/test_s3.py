@@ -132,6 +132,8 @@ def test_object_store_keys_are_checked():
         case_from(object_store="gcs")
     with pytest.raises(ScenarioError, match="fault.after_bytes"):
         case_from(**S3_DCP, fault={"kind": "s3", "action": "reset"})
+    with pytest.raises(ScenarioError, match="s3torchconnector writes to an object store only"):
+        case_from(strategy={"name": "dcp", "options": {"storage": "s3torchconnector"}})
 
 
 def _rank_events(work_dir: Path) -> list[dict]:

@@ -71,14 +71,14 @@ FILE_POINTS = ("open", "write", "fsync", "close")  # points of intercepted file 
 def check_object_store(store: str | None, strategy: StrategySpec, fault: FaultSpec) -> tuple | None:
     """Whether the strategy writes to the store and the fault acts on it (or on files)."""
     fault_cls = registry.resolve("fault", fault.kind)
+    problem = registry.resolve("strategy", strategy.name).check_object_store(strategy.options, store)
+    if problem:
+        return problem
     if store is None:
         if getattr(fault_cls, "needs_object_store", False):
             return ("object_store", f"missing: a {fault.kind} fault acts on an object store", None,
                     ", ".join(OBJECT_STORES))
         return None
-    problem = registry.resolve("strategy", strategy.name).check_object_store(strategy.options, store)
-    if problem:
-        return problem
     if fault.trigger is not None and fault.trigger.point in FILE_POINTS:
         return ("fault.point", f"reaches files only; no file is written to {store}", fault.trigger.point,
                 "start (or a fault acting after the save)")

@@ -82,9 +82,12 @@ class CheckpointStrategy(ABC):
         return cls.missing()
 
     @classmethod
-    def check_object_store(cls, options: Mapping[str, Any], store: str) -> tuple[str, str, Any, Any] | None:
+    def check_object_store(cls, options: Mapping[str, Any], store: str | None) -> tuple[str, str, Any, Any] | None:
         """Whether this strategy, so configured, can checkpoint into ``store`` (``object_store: s3``;
-        it then writes under ``context.checkpoint_url``): None, or what the loader reports."""
+        it then writes under ``context.checkpoint_url``; None: a directory): None, or what the
+        loader reports."""
+        if store is None:
+            return None
         return ("object_store", f"strategy {cls.__name__} writes files only", store, "leave object_store out")
 
     @classmethod

@@ -199,9 +199,6 @@ class DcpCheckpoint(CheckpointStrategy):
     def _location(self, step: int) -> Path | str:
         if self.context.checkpoint_url:
             return f"{self.context.checkpoint_url}/step_{step:08d}"
-        if self.storage == "s3torchconnector":  # the reference never saves: only a save or load gets here
-            raise ValueError("strategy.options.storage: s3torchconnector writes to an object store only; "
-                             "the case needs object_store: s3")
         return step_dir(self.context.checkpoint_dir, step)
 
     def _writer(self, path: Path | str):

@@ -66,8 +66,13 @@ def part_size_problem(options: Mapping[str, Any]) -> tuple[str, str, Any, Any] |
     return None
 
 
-def object_storage_problem(options: Mapping[str, Any], store: str) -> tuple[str, str, Any, Any] | None:
+def object_storage_problem(options: Mapping[str, Any], store: str | None) -> tuple[str, str, Any, Any] | None:
     storage = options.get("storage", "filesystem")
+    if store is None:
+        if storage == "s3torchconnector":
+            return ("strategy.options.storage", "s3torchconnector writes to an object store only", storage,
+                    "filesystem or fsspec, or object_store: s3 beside it")
+        return None
     if storage not in OBJECT_STORAGES:
         return ("strategy.options.storage", f"object_store: {store} is reached through fsspec or s3torchconnector",
                 storage, ", ".join(OBJECT_STORAGES))
