@@ -14,7 +14,7 @@ MAX_LINES = 300
 # Bottom to top: a module may import its own layer and the layers below it, never above.
 LAYERS = (
     ("errors", "core"),
-    ("disk",),
+    ("disk", "objectstore"),
     ("scenario",),
     ("workloads",),
     ("strategies",),

@@ -123,6 +123,7 @@ class Case:
     timeouts: Timeouts
     document: Mapping[str, Any]  # the case as a plain scenario document, for replay and for workers
     topology: Topology | None = None  # of the reference and the first run (None: one node, pure DP)
+    object_store: str | None = None  # "s3": checkpoints go to a bucket of the case's own (None: a directory)
 
     @property
     def placement(self) -> Topology:

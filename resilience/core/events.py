@@ -23,6 +23,9 @@ class EventLog:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
+    def close(self) -> None:
+        self._file.close()
+
 
 def read_events(path: Path) -> list[dict]:
     """Every event in ``path``, in order; none when it does not exist. The last line of a killed

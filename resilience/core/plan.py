@@ -9,6 +9,11 @@ REFERENCE, FIRST_RUN, RESTART, CONTINUATION = "reference", "first_run", "restart
 FALLBACK = "fallback"  # after a refused restore: an older checkpoint restored with load_step in fresh ranks
 
 
+def events_file(phase_dir: Path, rank: int) -> Path:
+    """Where rank ``rank`` of the phase in ``phase_dir`` writes its events."""
+    return phase_dir / f"rank{rank}.events.jsonl"
+
+
 @dataclass(frozen=True)
 class PhasePlan:
     name: str
@@ -26,6 +31,7 @@ class PhasePlan:
     rank_map: tuple[int, ...]
     collective_timeout_s: float
     topology: dict | None = None  # `Topology.as_dict()` of this phase (None: one node, pure DP)
+    object_store: dict | None = None  # {"url": "s3://bucket/prefix", "endpoint": ...} (None: checkpoint_dir)
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=1))
@@ -42,7 +48,7 @@ class PhasePlan:
         return Topology.from_dict(self.topology) if self.topology else Topology.single_node(self.world_size)
 
     def events_path(self, rank: int) -> Path:
-        return Path(self.phase_dir) / f"rank{rank}.events.jsonl"
+        return events_file(Path(self.phase_dir), rank)
 
     def log_paths(self, rank: int) -> tuple[Path, Path]:
         return Path(self.phase_dir) / f"rank{rank}.out", Path(self.phase_dir) / f"rank{rank}.err"

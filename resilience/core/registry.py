@@ -43,6 +43,7 @@ FAULTS = {
     "gil_hang": "resilience.faults.gil_hang:GilHang",
     "collective_failure": "resilience.faults.collective:CollectiveFailure",
     "overlapping_async": "resilience.faults.overlapping:OverlappingAsync",
+    "s3": "resilience.faults.s3:ObjectStoreFault",
 }
 WORKLOADS = {
     "mlp": "resilience.workloads.mlp:MLPWorkload",

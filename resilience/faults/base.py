@@ -68,6 +68,7 @@ class CaseEnvironment:
     case: Case
     case_dir: Path
     checkpoint_dir: Path
+    object_store: Any = None  # the case's `resilience.objectstore.server.S3Store`, when it has one
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class RankEnvironment:
     case_dir: Path | None = None  # CaseEnvironment.case_dir: what the harness side left for the ranks
     process: str = "rank"  # or "helper": a process the rank's libraries started (see helper_hook)
     incarnation: str = "first_run"  # or "restart": only for faults whose ``arms_at_restart`` is true
+    checkpoint_url: str | None = None  # the case's object store (``s3://...``) in place of checkpoint_dir
 
 
 class Fault:
@@ -123,6 +125,10 @@ class Fault:
     supervises: ClassVar[bool] = False
     #: whether the restart's ranks arm the fault too (faults that act on the restore's reads)
     arms_at_restart: ClassVar[bool] = False
+    #: whether the fault means something when checkpoints go to an object store (``object_store``)
+    on_objects: ClassVar[bool] = False
+    #: whether the fault needs one (it acts on the store's requests)
+    needs_object_store: ClassVar[bool] = False
 
     def __init__(self, spec: FaultSpec):
         self.spec = spec

@@ -43,10 +43,10 @@ def _offset_problem(key: str, value: Any) -> tuple[str, str, Any, Any] | None:
     return (f"fault.{key}", "must be a byte offset or middle", value, "an integer >= 0, or middle (of the file)")
 
 
-def _resolve_offset(offset: Any, size: int, path: Path) -> int:
+def _resolve_offset(offset: Any, size: int, name: Any) -> int:
     at = size // 2 if offset == MIDDLE else offset
     if at >= size:
-        raise ValueError(f"fault offset {at} is past the end of {path} ({size} bytes)")
+        raise ValueError(f"fault offset {at} is past the end of {name} ({size} bytes)")
     return at
 
 
@@ -67,18 +67,26 @@ class DamageAfterSave(Fault):
         super().__init__(spec)
         self._before: dict[str, tuple[int, int, int]] | None = None
 
+    def identities(self) -> dict[str, tuple]:
+        """What is saved now: files under the checkpoint directory, or objects under its URL."""
+        if self.env.checkpoint_url:
+            from ..objectstore.objects import object_identities
+
+            return object_identities(self.env.checkpoint_url)
+        return file_identities(self.env.checkpoint_dir)
+
     def first_run(self) -> bool:
         return self.env is not None and self.env.incarnation == "first_run"
 
     def at(self, phase: str, step: int) -> None:
         # The train step before the triggering save: the previous save returned on every rank.
         if self.first_run() and phase == "train" and step == self.trigger.step and self.on_trigger_rank():
-            self._before = file_identities(self.env.checkpoint_dir)
+            self._before = self.identities()
 
     def written_during_save(self) -> list[str]:
         """Files matching ``file`` created or changed since the triggering step began."""
         before = self._before or {}
-        return sorted(relative for relative, identity in file_identities(self.env.checkpoint_dir).items()
+        return sorted(relative for relative, identity in self.identities().items()
                       if before.get(relative) != identity and self.path_matches(relative))
 
     def pick(self, changed: list[str]) -> list[str]:
@@ -86,6 +94,9 @@ class DamageAfterSave(Fault):
 
     def damage(self, paths: list[Path]) -> dict[str, Any]:
         return {}
+
+    def damage_objects(self, relatives: list[str]) -> dict[str, Any]:
+        raise NotImplementedError(f"{self.kind} acts on files only")
 
     def after_save(self, strategy, step: int) -> None:
         if not self.first_run() or step != self.trigger.step:
@@ -97,8 +108,10 @@ class DamageAfterSave(Fault):
         if self.on_trigger_rank():
             targets = self.pick(self.written_during_save()) if self.damages_files else []
             if targets or not self.damages_files:
-                root = self.env.checkpoint_dir
-                detail = self.damage([resolve_under(root, relative) for relative in targets])
+                if self.env.checkpoint_url:
+                    detail = self.damage_objects(targets)
+                else:
+                    detail = self.damage([resolve_under(self.env.checkpoint_dir, r) for r in targets])
                 acted = True
                 self.fired(point="returned", files=targets, ends_process=self.stops_job, **detail)
             else:
@@ -110,12 +123,45 @@ class DamageAfterSave(Fault):
             time.sleep(3600)  # SIGKILL is not deliverable late; this only keeps the code honest
 
 
-class BitFlip(DamageAfterSave):
+class RewritesBytes(DamageAfterSave):
+    """A damage that is a function of a file's bytes (``damaged``: new bytes or None to delete,
+    and what it did), applied in place to files and as a whole new object to objects."""
+
+    on_objects = True
+    detail_key: ClassVar[str] = ""
+
+    def damaged(self, data: bytes, name: Any) -> tuple[bytes | None, Any]:
+        raise NotImplementedError
+
+    def damage(self, paths: list[Path]) -> dict[str, Any]:
+        done = []
+        for path in paths:
+            new, detail = self.damaged(path.read_bytes(), path)
+            if new is None:
+                path.unlink()
+            else:
+                with open(path, "r+b") as file:  # the same inode, as a bad disk leaves it
+                    file.write(new)
+                    file.truncate(len(new))
+            done.append(detail)
+        return self.summary(done)
+
+    def damage_objects(self, relatives: list[str]) -> dict[str, Any]:
+        from ..objectstore.objects import rewrite_object
+
+        return self.summary([rewrite_object(self.env.checkpoint_url, r, self.damaged) for r in relatives])
+
+    def summary(self, done: list[Any]) -> dict[str, Any]:
+        return {self.detail_key: done} if self.detail_key else {}
+
+
+class BitFlip(RewritesBytes):
     """One bit (``bit``, 0 = least significant) of the byte at ``offset`` (or the middle of the
     file) flipped in every matching file, as a bad disk or DRAM on a storage server does."""
 
     kind = "bit_flip"
     params = {"offset": (object, MIDDLE), "bit": (object, 0)}
+    detail_key = "offsets"
 
     @classmethod
     def check(cls, spec):
@@ -124,25 +170,23 @@ class BitFlip(DamageAfterSave):
             return ("fault.bit", "must be a bit number", bit, "0..7")
         return _offset_problem("offset", spec.params.get("offset"))
 
-    def damage(self, paths: list[Path]) -> dict[str, Any]:
-        offsets = []
-        for path in paths:
-            with open(path, "r+b") as file:
-                at = _resolve_offset(self.spec.params["offset"], os.fstat(file.fileno()).st_size, path)
-                file.seek(at)
-                byte = file.read(1)[0]
-                file.seek(at)
-                file.write(bytes([byte ^ (1 << self.spec.params["bit"])]))
-            offsets.append(at)
-        return {"offsets": offsets, "bit": self.spec.params["bit"]}
+    def damaged(self, data: bytes, name: Any) -> tuple[bytes, int]:
+        at = _resolve_offset(self.spec.params["offset"], len(data), name)
+        changed = bytearray(data)
+        changed[at] ^= 1 << self.spec.params["bit"]
+        return bytes(changed), at
+
+    def summary(self, done: list[Any]) -> dict[str, Any]:
+        return {"offsets": done, "bit": self.spec.params["bit"]}
 
 
-class Truncate(DamageAfterSave):
+class Truncate(RewritesBytes):
     """Every matching file cut to ``keep`` bytes (an integer) or to that fraction of its size (a
     number between 0 and 1), as an interrupted copy or a lost tail of a write leaves it."""
 
     kind = "truncate"
     params = {"keep": (object, 0.5)}
+    detail_key = "sizes"
 
     @classmethod
     def check(cls, spec):
@@ -153,22 +197,19 @@ class Truncate(DamageAfterSave):
                     "an integer >= 0 (bytes) or a number in (0, 1) (fraction)")
         return None
 
-    def damage(self, paths: list[Path]) -> dict[str, Any]:
-        keep, sizes = self.spec.params["keep"], []
-        for path in paths:
-            size = path.stat().st_size
-            new = int(size * keep) if isinstance(keep, float) else min(keep, size)
-            os.truncate(path, new)
-            sizes.append([size, new])
-        return {"sizes": sizes}
+    def damaged(self, data: bytes, name: Any) -> tuple[bytes, list[int]]:
+        keep, size = self.spec.params["keep"], len(data)
+        new = int(size * keep) if isinstance(keep, float) else min(keep, size)
+        return data[:new], [size, new]
 
 
-class ZeroBlock(DamageAfterSave):
+class ZeroBlock(RewritesBytes):
     """``length`` bytes from ``offset`` (or the middle) overwritten with zeros in every matching
     file, as a lost block on a filesystem that zero-fills it does."""
 
     kind = "zero_block"
     params = {"offset": (object, MIDDLE), "length": (object, 4096)}
+    detail_key = "ranges"
 
     @classmethod
     def check(cls, spec):
@@ -177,28 +218,19 @@ class ZeroBlock(DamageAfterSave):
             return ("fault.length", "must be a byte count", length, "an integer >= 1")
         return _offset_problem("offset", spec.params.get("offset"))
 
-    def damage(self, paths: list[Path]) -> dict[str, Any]:
-        ranges = []
-        for path in paths:
-            with open(path, "r+b") as file:
-                size = os.fstat(file.fileno()).st_size
-                at = _resolve_offset(self.spec.params["offset"], size, path)
-                length = min(self.spec.params["length"], size - at)
-                file.seek(at)
-                file.write(bytes(length))
-            ranges.append([at, at + length])
-        return {"ranges": ranges}
+    def damaged(self, data: bytes, name: Any) -> tuple[bytes, list[int]]:
+        at = _resolve_offset(self.spec.params["offset"], len(data), name)
+        length = min(self.spec.params["length"], len(data) - at)
+        return data[:at] + bytes(length) + data[at + length:], [at, at + length]
 
 
-class MissingFile(DamageAfterSave):
+class MissingFile(RewritesBytes):
     """Every matching file deleted: a shard lost by a failed upload or an over-eager cleanup."""
 
     kind = "missing_file"
 
-    def damage(self, paths: list[Path]) -> dict[str, Any]:
-        for path in paths:
-            path.unlink()
-        return {}
+    def damaged(self, data: bytes, name: Any) -> tuple[None, None]:
+        return None, None
 
 
 class DuplicateFile(DamageAfterSave):

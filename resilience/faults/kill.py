@@ -38,6 +38,7 @@ class Kill(Fault):
     writes, and the rank lives on to find out.
     """
 
+    on_objects = True  # at start points; file points reach files only
     kind = "kill"
     params = {"once_written": (str, None), "process": (("rank", "helper"), "rank")}
 

@@ -9,3 +9,4 @@ class NoFault(Fault):
 
     kind = "none"
     needs_trigger = False
+    on_objects = True

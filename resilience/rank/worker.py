@@ -49,6 +49,10 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
 
     torch.set_num_threads(1)  # reductions over several threads change the bits of a sum
     use_private_temp_dir()
+    if plan.object_store:  # before any S3 client exists: credentials, endpoint, loopback only
+        from ..objectstore.client import enter
+
+        enter(plan.object_store, events.emit)
     case = read_case_file(Path(plan.case_file))
     topology = plan.placement()
     checkpoint_dir = topology.storage_dir(Path(plan.checkpoint_dir), rank)  # node-local storage: its node's
@@ -64,7 +68,8 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     if fault:
         fault.arm(RankEnvironment(rank=rank, world_size=plan.world_size, checkpoint_dir=checkpoint_dir,
                                   clock=clock, emit=events.emit, case_dir=Path(plan.case_file).parent,
-                                  incarnation="restart" if at_restart else "first_run"))
+                                  incarnation="restart" if at_restart else "first_run",
+                                  checkpoint_url=plan.object_store["url"] if plan.object_store else None))
     if fault and fault.needs_read_interception():  # asked once armed: it may depend on the incarnation
         from ..disk.read_interception import ReadInterceptor
 
@@ -86,7 +91,8 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
                 local_rank=topology.local_rank(rank))
     context = StrategyContext(checkpoint_dir=checkpoint_dir, rank=rank, world_size=plan.world_size,
                               previous_rank=plan.rank_map[rank] if plan.start in ("strategy", "step") else None,
-                              options=dict(case.strategy.options), topology=topology)
+                              options=dict(case.strategy.options), topology=topology,
+                              checkpoint_url=plan.object_store["url"] if plan.object_store else None)
     # every phase, the oracle's too: a strategy whose engine trains the model trains it everywhere
     strategy = registry.resolve("strategy", case.strategy.name)(context)
     if fault:

@@ -40,6 +40,11 @@ class Harness:
         missing = registry.resolve("strategy", case.strategy.name).missing_for(case.strategy.options)
         if missing:
             raise StrategyUnavailable(f"strategy {case.strategy.name} needs {missing}")
+        if case.object_store:
+            from ..objectstore.server import missing as store_missing
+
+            if store_missing():
+                raise StrategyUnavailable(f"object_store: {case.object_store} needs {store_missing()}")
         with janitor.temporary_directory("resilience-", self.work_root, self.keep) as work_dir:
             return self._run(case, work_dir)
 
@@ -56,13 +61,23 @@ class Harness:
             return Explorer(self.run_phase, self.keep, self.explore_profile, self.explore_restores).run(
                 case, work_dir, checkpoint_dir, plan, reference)
         fault = registry.resolve("fault", case.fault.kind)(case.fault)
-        env = CaseEnvironment(case=case, case_dir=work_dir, checkpoint_dir=checkpoint_dir)
+        store = None
+        if case.object_store:
+            from ..objectstore.server import S3Store
+
+            store = S3Store(work_dir)
+        env = CaseEnvironment(case=case, case_dir=work_dir, checkpoint_dir=checkpoint_dir, object_store=store)
         phases = [reference]
         try:
+            if store is not None:
+                store.start()
+                plan.object_store = store.plan()
             fault.setup(env)
             phases.append(self.run_phase(plan.make(FIRST_RUN, case.workload.world_size, "fresh",
                                                 save=True, inject=True, topology=case.placement), case,
                                       supervisor=fault if fault.supervises else None))
+            if store is not None:
+                store.record_contents(FIRST_RUN)  # what the fault left in the bucket, before the restart
             fault.heal(env)
             restart = self.run_phase(plan.make(RESTART, case.restart.world_size, "strategy", save=True,
                                             rank_map=case.restart.rank_map, topology=case.restart.placement), case,
@@ -82,7 +97,11 @@ class Harness:
             found = fault.findings(env, tuple(phases))
             noted = fault.notes(env, tuple(phases))
         finally:
-            fault.teardown(env)
+            try:
+                fault.teardown(env)
+            finally:
+                if store is not None:
+                    store.stop()  # the bucket, the proxy and the server go with the case
         verdict = judge(case, *phases, fault_findings=found, fault_notes=noted, intact_step=intact_step)
         return CaseResult(case=case, verdict=verdict, phases=tuple(phases) + probes, work_dir=work_dir)
 
@@ -131,6 +150,7 @@ class Harness:
 class _Planner:
     def __init__(self, case: Case, work_dir: Path, case_file: Path, checkpoint_dir: Path):
         self.case, self.work_dir, self.case_file, self.checkpoint_dir = case, work_dir, case_file, checkpoint_dir
+        self.object_store: dict | None = None  # the case's store, once started (`S3Store.plan`)
 
     def placement(self, name: str) -> Topology:
         """The topology a phase runs at: the restart's for the restart and the oracle's continuation."""
@@ -149,4 +169,4 @@ class _Planner:
             snapshot_dir=str(snapshot_dir) if snapshot_dir else None, snapshot_step=snapshot_step,
             rank_map=rank_map or tuple(range(world_size)),
             collective_timeout_s=self.case.timeouts.collective_s,
-            topology=(topology or self.placement(name)).as_dict())
+            topology=(topology or self.placement(name)).as_dict(), object_store=self.object_store)

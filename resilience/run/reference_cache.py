@@ -31,7 +31,7 @@ def default_cache_dir() -> Path:
 
 # Everything a reference rank runs: its entry and hooks, the case it reads back, the workload,
 # the strategy that trains, the faults' rank side, and what those import below them.
-RANK_CODE = ("errors.py", "core", "disk", "scenario", "workloads", "strategies", "faults", "rank")
+RANK_CODE = ("errors.py", "core", "disk", "objectstore", "scenario", "workloads", "strategies", "faults", "rank")
 
 
 def rank_sources() -> list[Path]:

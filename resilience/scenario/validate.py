@@ -14,8 +14,8 @@ from ..core.case import (Case, Expect, FaultSpec, KnownIssue, Outcome, StrategyS
                          VerdictKind, WorkloadSpec)
 from .checks import Problems, Validator, parse_size
 from .placement import check_restart, check_topology
-from .schema import (DEFAULT_TIMEOUTS, EXPECT_KEYS, FALLBACK_CHOICES, KNOWN_ISSUE_KEYS, MAX_TIMEOUT_S, MAX_WORLD_SIZE, RANK_RNG,
-                     TIERS, TIMEOUT_KEYS, TOP_KEYS, TRIGGER_KEYS, WORKLOAD_KEYS)
+from .schema import (DEFAULT_TIMEOUTS, EXPECT_KEYS, FALLBACK_CHOICES, KNOWN_ISSUE_KEYS, MAX_TIMEOUT_S, MAX_WORLD_SIZE,
+                     OBJECT_STORES, RANK_RNG, TIERS, TIMEOUT_KEYS, TOP_KEYS, TRIGGER_KEYS, WORKLOAD_KEYS)
 
 
 def check_case(document: Any, source: str, case_id: str = "", where: str = "",
@@ -45,6 +45,13 @@ def check_case(document: Any, source: str, case_id: str = "", where: str = "",
         problem = registry.resolve("fault", fault.kind).check_strategy(registry.resolve("strategy", strategy.name))
         if problem:
             v.note(v.error(*problem))
+    object_store = None
+    if doc.get("object_store") is not None:
+        object_store = v.section("object_store", v.choice, "object_store", doc["object_store"], OBJECT_STORES)
+    if strategy is not None and fault is not None and v.ok("object_store"):
+        problem = check_object_store(object_store, strategy, fault)
+        if problem:
+            v.note(v.error(*problem))
     expect = v.section("expect", check_expect, v, doc.get("expect"))
     known_issue = None
     if v.ok("expect"):
@@ -54,7 +61,31 @@ def check_case(document: Any, source: str, case_id: str = "", where: str = "",
         return None
     return Case(id=case_id or "case", source=source, name=name, description=description, tier=tier,
                 strategy=strategy, workload=workload, fault=fault, restart=restart, expect=expect,
-                known_issue=known_issue, timeouts=timeouts, document=doc, topology=topology)
+                known_issue=known_issue, timeouts=timeouts, document=doc, topology=topology,
+                object_store=object_store)
+
+
+FILE_POINTS = ("open", "write", "fsync", "close")  # points of intercepted file writes
+
+
+def check_object_store(store: str | None, strategy: StrategySpec, fault: FaultSpec) -> tuple | None:
+    """Whether the strategy writes to the store and the fault acts on it (or on files)."""
+    fault_cls = registry.resolve("fault", fault.kind)
+    problem = registry.resolve("strategy", strategy.name).check_object_store(strategy.options, store)
+    if problem:
+        return problem
+    if store is None:
+        if getattr(fault_cls, "needs_object_store", False):
+            return ("object_store", f"missing: a {fault.kind} fault acts on an object store", None,
+                    ", ".join(OBJECT_STORES))
+        return None
+    if fault.trigger is not None and fault.trigger.point in FILE_POINTS:
+        return ("fault.point", f"reaches files only; no file is written to {store}", fault.trigger.point,
+                "start (or a fault acting after the save)")
+    if not getattr(fault_cls, "on_objects", False):
+        return ("fault.kind", f"acts on files, not on objects in {store}", fault.kind,
+                "none, kill at a train step, the s3 fault, or a fault that acts on objects")
+    return None
 
 
 def check_strategy(v: Validator, value: Any) -> StrategySpec:

@@ -20,6 +20,7 @@ class StrategyContext:
     previous_rank: int | None  # at restart: the rank whose place this rank takes (restart.rank_map)
     options: Mapping[str, Any] = field(default_factory=dict)
     topology: Topology | None = None  # TP x PP x DP and placement of this phase (None: one node, pure DP)
+    checkpoint_url: str | None = None  # object storage (``s3://bucket/prefix``) in place of checkpoint_dir
 
     @property
     def placement(self) -> Topology:
@@ -79,6 +80,15 @@ class CheckpointStrategy(ABC):
         """``missing()`` for a strategy configured with ``options`` (a wrapper: its inner's).
         Called in the harness."""
         return cls.missing()
+
+    @classmethod
+    def check_object_store(cls, options: Mapping[str, Any], store: str | None) -> tuple[str, str, Any, Any] | None:
+        """Whether this strategy, so configured, can checkpoint into ``store`` (``object_store: s3``;
+        it then writes under ``context.checkpoint_url``; None: a directory): None, or what the
+        loader reports."""
+        if store is None:
+            return None
+        return ("object_store", f"strategy {cls.__name__} writes files only", store, "leave object_store out")
 
     @classmethod
     def trained_by(cls, options: Mapping[str, Any]) -> tuple[type, ...]:

@@ -19,12 +19,13 @@ with ``overlap: true`` it does not wait: every save's future is kept, as a job t
 ``async_save`` each step without awaiting the last one does, so several saves can be in flight,
 each on a process group of its own, and training's end waits for all of them), and
 ``storage: filesystem`` (``FileSystemWriter``/``FileSystemReader``) or ``fsspec``
-(``FsspecWriter``/``FsspecReader`` on a ``file://`` URL).
+(``FsspecWriter``/``FsspecReader`` on a ``file://`` URL, or, with ``object_store: s3``, on the
+case's ``s3://`` URL through s3fs, whose rename is a server-side copy then a delete), or, with
+``object_store: s3`` only, ``s3torchconnector`` (its ``S3StorageWriter``/``S3StorageReader``).
 """
 from __future__ import annotations
 
 import concurrent.futures
-import re
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -35,11 +36,11 @@ import torch.distributed as dist
 
 from ..workloads.base import TrainableWorkload, Workload
 from .base import CheckpointStrategy, StrategyContext
+from .dcp_objects import (METADATA, STEP_DIR, committed_steps_at, missing_client, object_reader, object_storage_problem, object_writer,
+                          part_size_problem)
 
-STEP_DIR = re.compile(r"^step_(\d{8})$")
-METADATA = ".metadata"  # DCP's own name for the file its coordinator writes last
 MODES = ("sync", "async")
-STORAGES = ("filesystem", "fsspec")
+STORAGES = ("filesystem", "fsspec", "s3torchconnector")
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -167,7 +168,7 @@ class DcpCheckpoint(CheckpointStrategy):
     ``overlap: true``, ``save(N)`` never waits (several saves in flight) and ``finish`` waits for all.
     """
 
-    options = ("mode", "storage", "overlap")
+    options = ("mode", "storage", "overlap", "part_size")
     option_values: ClassVar[Mapping[str, tuple[Any, ...]]] = {"mode": MODES, "storage": STORAGES,
                                                               "overlap": (False, True)}
 
@@ -195,18 +196,34 @@ class DcpCheckpoint(CheckpointStrategy):
             self.async_group = dist.new_group(backend="gloo", timeout=job_timeout())
         return self.workload
 
-    def _writer(self, path: Path):
+    check_options = staticmethod(part_size_problem)
+    check_object_store = staticmethod(object_storage_problem)
+
+    @classmethod
+    def missing_for(cls, options: Mapping[str, Any]) -> str | None:
+        return missing_client(options) or cls.missing()
+
+    def _location(self, step: int) -> Path | str:
+        if self.context.checkpoint_url:
+            return f"{self.context.checkpoint_url}/step_{step:08d}"
+        return step_dir(self.context.checkpoint_dir, step)
+
+    def _writer(self, path: Path | str):
         import torch.distributed.checkpoint as dcp
 
+        if isinstance(path, str):
+            return object_writer(path, self.storage, self.context.options)
         if self.storage == "fsspec":
             from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
             return FsspecWriter(f"file://{path}")
         return dcp.FileSystemWriter(str(path))
 
-    def _reader(self, path: Path):
+    def _reader(self, path: Path | str):
         import torch.distributed.checkpoint as dcp
 
+        if isinstance(path, str):
+            return object_reader(path, self.storage)
         if self.storage == "fsspec":
             from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
@@ -216,7 +233,7 @@ class DcpCheckpoint(CheckpointStrategy):
     def save(self, workload: Workload, step: int) -> None:
         import torch.distributed.checkpoint as dcp
 
-        path = step_dir(self.context.checkpoint_dir, step)
+        path = self._location(step)
         state = self.workload.sharded_state()
         if self.mode == "sync":
             dcp.save(state, storage_writer=self._writer(path))
@@ -258,10 +275,12 @@ class DcpCheckpoint(CheckpointStrategy):
     def load(self, workload: Workload) -> None:
         import torch.distributed.checkpoint as dcp
 
-        chosen = [committed_steps(self.context.checkpoint_dir)[:1] if self.context.rank == 0 else None]
+        url = self.context.checkpoint_url
+        newest = (committed_steps_at(url) if url else committed_steps(self.context.checkpoint_dir))[:1]
+        chosen = [newest if self.context.rank == 0 else None]
         dist.broadcast_object_list(chosen, src=0)  # every rank loads what rank 0 saw
         if not chosen[0]:
             return  # no complete checkpoint: training starts over
         state = self.workload.sharded_state()
-        dcp.load(state, storage_reader=self._reader(step_dir(self.context.checkpoint_dir, chosen[0][0])))
+        dcp.load(state, storage_reader=self._reader(self._location(chosen[0][0])))
         self.workload.load_sharded_state(state)
