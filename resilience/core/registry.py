@@ -16,6 +16,7 @@ STRATEGIES = {
     "megatron": "resilience.strategies.megatron:MegatronCheckpoint",
     "dcp": "resilience.strategies.dcp:DcpCheckpoint",
     "manifest": "resilience.strategies.manifest:ManifestCheckpoint",
+    "lightning": "resilience.strategies.lightning:LightningCheckpoint",
 }
 FAULTS = {
     "none": "resilience.faults.noop:NoFault",

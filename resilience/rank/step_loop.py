@@ -20,6 +20,7 @@ class HarnessObserver(TrainingObserver):
         self.plan, self.clock, self.fault, self.strategy, self.emit = plan, clock, fault, strategy, emit
         self.start, self.saves = plan.start, plan.save
         self.steps, self.checkpoint_every = steps, checkpoint_every
+        self.snapshot_step = plan.snapshot_step
         self.snapshots = Path(plan.snapshot_dir) if plan.snapshot_dir else None
         self.load_started: float | None = None
         self.saved_step: int | None = None

@@ -61,7 +61,8 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     fault = fault_class(case.fault) if plan.inject or at_restart else None
     if fault and fault.needs_interception():
         # Only then: torch.save given a path writes from C++, and the real thing should stay real.
-        Interceptor(checkpoint_dir, [fault]).install()
+        # and files staged in the rank's $TMPDIR (named "$TMPDIR/..." to fault globs)
+        Interceptor(checkpoint_dir, [fault], staging=Path(os.environ["TMPDIR"])).install()
     if fault:
         fault.arm(RankEnvironment(rank=rank, world_size=plan.world_size, checkpoint_dir=checkpoint_dir,
                                   clock=clock, emit=events.emit, case_dir=Path(plan.case_file).parent,

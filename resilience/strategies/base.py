@@ -56,6 +56,7 @@ class TrainingObserver(ABC):
     saves: bool  # whether this phase checkpoints
     steps: int  # train until the library's step count reaches this
     checkpoint_every: int
+    snapshot_step: int | None  # start == "snapshot": the step of the trusted snapshot to start from
 
     @abstractmethod
     def restored(self, workload: Workload) -> None: ...
