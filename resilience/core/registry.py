@@ -17,6 +17,7 @@ STRATEGIES = {
     "dcp": "resilience.strategies.dcp:DcpCheckpoint",
     "manifest": "resilience.strategies.manifest:ManifestCheckpoint",
     "lightning": "resilience.strategies.lightning:LightningCheckpoint",
+    "accelerate": "resilience.strategies.accelerate:AccelerateCheckpoint",
 }
 FAULTS = {
     "none": "resilience.faults.noop:NoFault",
