@@ -609,3 +609,19 @@ def test_disk_full_in_staging_only_while_the_checkpoint_directory_has_room(root,
     assert info.value.errno == errno.ENOSPC
     assert (root / "x.pt").stat().st_size == 1000
     assert (staging / "tmpabc").stat().st_size == 100
+
+
+def test_disk_full_on_staging_counts_only_staged_files(root, install, tmp_path):
+    """`on: staging`: ENOSPC in $TMPDIR, with `file` matched under it; the checkpoint directory keeps room."""
+    staging = tmp_path / "rank-tmp"
+    staging.mkdir()
+    fault = arm(DiskFull(FaultSpec(kind="disk_full", trigger=trigger("write", 100, file="*"),
+                                   params={"via": "quota", "on": "staging"})), root, lambda *a, **k: None)
+    assert fault.path_matches("$TMPDIR/tmpabc") and not fault.path_matches("x.pt")
+    install(root, [fault], staging=staging)
+    with open(root / "x.pt", "wb") as f:
+        f.write(b"x" * 1000)
+    with pytest.raises(OSError) as info:
+        with open(staging / "tmpabc", "wb") as f:
+            f.write(b"y" * 1000)
+    assert info.value.errno == errno.ENOSPC and (root / "x.pt").stat().st_size == 1000
