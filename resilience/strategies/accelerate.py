@@ -39,7 +39,8 @@ class AccelerateCheckpoint(CheckpointStrategy):
 
     drives_training = True
     options = ("total_limit", "epoch_steps", "resume_iteration")
-    option_values: ClassVar[Mapping[str, tuple[Any, ...]]] = {"resume_iteration": (True, False)}
+    option_values: ClassVar[Mapping[str, Any]] = {"resume_iteration": (True, False), "total_limit": int,
+                                                  "epoch_steps": int}
     requires = {"accelerate": "pip install 'resilience[accelerate]'"}
 
     @classmethod

@@ -38,37 +38,56 @@ class LightningCheckpoint(CheckpointStrategy):
     (default 1), ``epoch_steps: N`` (train on the first N global batches of the data set, so that an
     epoch ends every N steps; default: the whole set), ``on_exception: true`` (add Lightning's
     ``OnExceptionCheckpoint`` into the checkpoint directory: the emergency save after its SIGTERM
-    handling ends the epoch loop with ``SIGTERMException``).
+    handling ends the epoch loop with ``SIGTERMException``), ``module: package.module:Name`` (your
+    own LightningModule, or a function returning one, called with no arguments: it trains on its own
+    ``train_dataloader`` in place of the workload's model and data; the workload keeps its
+    ``steps``, ``checkpoint_every`` and world size).
     """
 
     drives_training = True
-    options = ("dataloader", "save_top_k", "epoch_steps", "on_exception")
-    option_values: ClassVar[Mapping[str, tuple[Any, ...]]] = {"dataloader": LOADERS, "save_top_k": TOP_K,
-                                                              "on_exception": (True, False)}
+    options = ("dataloader", "save_top_k", "epoch_steps", "on_exception", "module")
+    option_values: ClassVar[Mapping[str, Any]] = {"dataloader": LOADERS, "save_top_k": TOP_K,
+                                                  "on_exception": (True, False), "epoch_steps": int}
     requires = {"pytorch_lightning": "pip install 'resilience[lightning]'",
                 "torchdata": "pip install 'resilience[lightning]'"}
 
+    @staticmethod
+    def check_options(options: Mapping[str, Any]) -> tuple[str, str, Any, Any] | None:
+        name = options.get("module")
+        if name is not None and (not isinstance(name, str) or name.count(":") != 1 or name.startswith(":")
+                                 or name.endswith(":")):
+            return ("strategy.options.module", "must name a LightningModule", name, "package.module:Name")
+        return None
+
     @classmethod
     def trainer(cls, options: Mapping[str, Any]) -> str:
-        return f"lightning-{lightning_version()}-{options.get('dataloader', 'plain')}-{options.get('epoch_steps', 0)}"
+        return (f"lightning-{lightning_version()}-{options.get('dataloader', 'plain')}-{options.get('epoch_steps', 0)}"
+                f"-{options.get('module', 'workload')}")
 
     @classmethod
     def trained_by(cls, options: Mapping[str, Any]) -> tuple[type, ...]:
         from . import lightning_engine
 
-        return (cls, lightning_engine.LightningTrainedWorkload)
+        own = (user_module_factory(options["module"]),) if options.get("module") else ()
+        return (cls, lightning_engine.LightningTrainedWorkload, lightning_engine.WorkloadModule, *own)
 
     def prepare(self, workload: Workload) -> Workload:
+        from .lightning_engine import LightningTrainedWorkload
+
+        if self.context.options.get("module"):
+            module = user_module_factory(self.context.options["module"])()
+            self.workload = LightningTrainedWorkload(workload.spec, workload.rank, workload.world_size, module)
+            return self.workload
         if not isinstance(workload, TrainableWorkload):
             raise TypeError(f"Lightning trains a TrainableWorkload; {type(workload).__name__} is not one")
-        from .lightning_engine import LightningTrainedWorkload, WorkloadModule
+        from .lightning_engine import WorkloadModule
 
         spec = workload.spec
         examples = len(workload.training_examples()[0])
         epoch_steps = int(self.context.options.get("epoch_steps", 0) or examples // spec.global_batch)
         module = WorkloadModule(workload, spec.global_batch // self.context.world_size,
                                 min(examples, epoch_steps * spec.global_batch), self.context.options.get("dataloader", "plain"))
-        self.workload = LightningTrainedWorkload(workload, module)
+        self.workload = LightningTrainedWorkload(spec, workload.rank, workload.world_size, module)
         return self.workload
 
     def train(self, workload: Workload, observer: TrainingObserver) -> None:
@@ -76,7 +95,7 @@ class LightningCheckpoint(CheckpointStrategy):
         from pytorch_lightning.callbacks import ModelCheckpoint, OnExceptionCheckpoint
         from pytorch_lightning.strategies import DDPStrategy
 
-        from .lightning_engine import SNAPSHOT_FILE, HarnessCallback, HarnessRanks
+        from .lightning_engine import SNAPSHOT_FILE, HarnessCallback, HarnessRanks, SaveReturned
 
         os.environ["PL_GLOBAL_SEED"] = str(workload.spec.seed)  # the DistributedSampler's shuffle seed
         directory = str(self.context.checkpoint_dir)
@@ -86,6 +105,7 @@ class LightningCheckpoint(CheckpointStrategy):
                                              save_last=True, save_top_k=int(self.context.options.get("save_top_k", 1))))
             if self.context.options.get("on_exception"):
                 callbacks.append(OnExceptionCheckpoint(dirpath=directory))
+            callbacks.append(SaveReturned(observer))
         trainer = pl.Trainer(accelerator="cpu", devices=self.context.world_size, num_nodes=1,
                              strategy=DDPStrategy(cluster_environment=HarnessRanks(self.context),
                                                   process_group_backend="gloo"),
@@ -94,7 +114,6 @@ class LightningCheckpoint(CheckpointStrategy):
                              enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                              default_root_dir=directory)
         self.workload.trainer = trainer
-        self.workload.module.observer = observer
         ckpt_path = {"fresh": None, "strategy": "last"}.get(observer.start)
         if observer.start == "snapshot":
             ckpt_path = str(observer.snapshot_path(observer.snapshot_step) / SNAPSHOT_FILE)
@@ -105,3 +124,13 @@ class LightningCheckpoint(CheckpointStrategy):
 
     def load(self, workload: Workload) -> None:
         raise NotImplementedError("Lightning restores inside Trainer.fit(ckpt_path='last')")
+
+
+def user_module_factory(name: str):
+    """``package.module:Name`` -> the object it names (a LightningModule class or a function)."""
+    import importlib
+
+    module_name, _, attribute = name.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"strategy option module: {name!r} is not 'package.module:Name'")
+    return getattr(importlib.import_module(module_name), attribute)

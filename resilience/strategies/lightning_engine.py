@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from lightning_fabric.plugins.environments import ClusterEnvironment
 from pytorch_lightning import Callback, LightningModule
+from pytorch_lightning.callbacks import Checkpoint
 
 from ..workloads.base import TrainableWorkload, Workload
 from .base import StrategyContext, TrainingObserver
@@ -73,7 +74,6 @@ class WorkloadModule(LightningModule):
         super().__init__()
         self.inner, self.local_batch, self.examples, self.loader = inner, local_batch, examples, loader
         self.net = inner.model
-        self.observer: TrainingObserver | None = None
 
     def training_step(self, batch, batch_idx):
         inputs, targets = batch
@@ -95,12 +95,6 @@ class WorkloadModule(LightningModule):
         # torch's RandomSampler, which Lightning replaces by a DistributedSampler (seeded per epoch)
         return StatefulDataLoader(dataset, batch_size=self.local_batch, drop_last=True,
                                   sampler=torch.utils.data.RandomSampler(dataset))
-
-    def on_train_batch_end(self, outputs, batch, batch_idx):
-        """Runs after every callback's on_train_batch_end, ModelCheckpoint's save included."""
-        step = self.trainer.global_step
-        if self.observer.saves and step % self.observer.checkpoint_every == 0:
-            self.observer.after_save(step)
 
 
 class HarnessCallback(Callback):
@@ -127,14 +121,29 @@ class HarnessCallback(Callback):
             self.observer.before_save(step)
 
 
-class LightningTrainedWorkload(Workload):
-    """A `TrainableWorkload` whose steps ``Trainer.fit`` computes. Its state (what fingerprints see):
-    the step, the model, the optimizer and the LR schedule; the data position lives in Lightning's
-    loops and its data loader, and shows in the losses after a restore."""
+class SaveReturned(Checkpoint):
+    """Marks the step's save returned. A `Checkpoint` callback: Lightning runs those after all
+    others, in the order given, so this one comes after ModelCheckpoint (and OnExceptionCheckpoint)."""
 
-    def __init__(self, inner: TrainableWorkload, module: WorkloadModule):
-        super().__init__(inner.spec, inner.rank, inner.world_size)
-        self.inner, self.module = inner, module
+    def __init__(self, observer: TrainingObserver):
+        self.observer = observer
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if self.observer.saves and step % self.observer.checkpoint_every == 0:
+            self.observer.after_save(step)
+
+
+class LightningTrainedWorkload(Workload):
+    """The workload whose steps ``Trainer.fit`` computes over ``module`` (the built-in
+    `WorkloadModule`, or a user's own LightningModule). Its state (what fingerprints see): the step,
+    the module's parameters and buffers, every optimizer's and LR scheduler's state, as the
+    trainer holds them; the data position lives in Lightning's loops and its data loader, and shows
+    in the losses after a restore."""
+
+    def __init__(self, spec: Any, rank: int, world_size: int, module: LightningModule):
+        super().__init__(spec, rank, world_size)
+        self.module = module
         self.trainer: Any = None
 
     @property
@@ -145,8 +154,10 @@ class LightningTrainedWorkload(Workload):
         raise NotImplementedError("Trainer.fit computes the steps of a Lightning-trained workload")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "model": self.inner.model.state_dict(),
-                "optimizer": self.inner.optimizer.state_dict(), "scheduler": self.inner.scheduler.state_dict()}
+        trainer = self.trainer
+        return {"step": self.step, "model": self.module.state_dict(),
+                "optimizers": [optimizer.state_dict() for optimizer in trainer.optimizers],
+                "schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         raise NotImplementedError("Lightning restores its own checkpoints (Trainer.fit(ckpt_path=...))")
@@ -155,6 +166,3 @@ class LightningTrainedWorkload(Workload):
         """The reference run's own state as Lightning dumps it (collective: rank 0 writes, all wait);
         the oracle's continuation starts ``Trainer.fit`` from it."""
         self.trainer.save_checkpoint(str(directory / SNAPSHOT_FILE))
-
-    def evaluation_loss(self, parameters=None) -> float:
-        return self.inner.evaluation_loss(parameters)
