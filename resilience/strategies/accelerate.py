@@ -20,6 +20,9 @@ from ..workloads.base import TrainableWorkload, Workload
 from .base import CheckpointStrategy, TrainingObserver
 
 
+RESUME_ROUTES = ("skip", "stateful")  # skip_first_batches, or DataLoaderConfiguration(use_stateful_dataloader=True)
+
+
 def accelerate_version() -> str | None:
     try:
         return metadata.version("accelerate")
@@ -34,18 +37,23 @@ class AccelerateCheckpoint(CheckpointStrategy):
     Options: ``total_limit: N`` (ProjectConfiguration's retention, default 2), ``epoch_steps: N``
     (an epoch is the first N global batches), ``resume_iteration: true`` (after ``load_state`` set
     ``project_configuration.iteration`` past the loaded folder, which ``load_state`` does not do:
-    without it the next ``save_state`` finds ``checkpoint_0`` taken).
+    without it the next ``save_state`` finds ``checkpoint_0`` taken), ``dataloader: skip | stateful``
+    (resume the epoch with ``skip_first_batches``, default, or let Accelerate's stateful data loader,
+    ``use_stateful_dataloader=True``, save and restore its own position), ``seedable_sampler: false``
+    (Accelerate's default sampler instead of its ``SeedableRandomSampler``, default true).
     """
 
     drives_training = True
-    options = ("total_limit", "epoch_steps", "resume_iteration")
+    options = ("total_limit", "epoch_steps", "resume_iteration", "dataloader", "seedable_sampler")
     option_values: ClassVar[Mapping[str, Any]] = {"resume_iteration": (True, False), "total_limit": int,
-                                                  "epoch_steps": int}
+                                                  "epoch_steps": int, "dataloader": RESUME_ROUTES,
+                                                  "seedable_sampler": (True, False)}
     requires = {"accelerate": "pip install 'resilience[accelerate]'"}
 
     @classmethod
     def trainer(cls, options: Mapping[str, Any]) -> str:
-        return f"accelerate-{accelerate_version()}-{options.get('epoch_steps', 0)}"
+        return (f"accelerate-{accelerate_version()}-{options.get('epoch_steps', 0)}-{options.get('dataloader', 'skip')}"
+                f"-{options.get('seedable_sampler', True)}")
 
     @classmethod
     def trained_by(cls, options: Mapping[str, Any]) -> tuple[type, ...]:
@@ -74,7 +82,9 @@ class AccelerateCheckpoint(CheckpointStrategy):
         project = ProjectConfiguration(project_dir=str(context.checkpoint_dir), automatic_checkpoint_naming=automatic,
                                        total_limit=int(context.options.get("total_limit", 2)))
         return Accelerator(cpu=True, project_config=project, step_scheduler_with_optimizer=False,
-                           dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+                           dataloader_config=DataLoaderConfiguration(
+                               use_seedable_sampler=context.options.get("seedable_sampler", True),
+                               use_stateful_dataloader=context.options.get("dataloader") == "stateful"))
 
     def train(self, workload: Workload, observer: TrainingObserver) -> None:
         import torch
@@ -97,7 +107,8 @@ class AccelerateCheckpoint(CheckpointStrategy):
         observer.restored(self.workload)
         while position.step < observer.steps:
             loader.set_epoch(position.epoch)
-            batches = accelerator.skip_first_batches(loader, position.batch) if position.batch else loader
+            skip = position.batch and self.context.options.get("dataloader", "skip") == "skip"
+            batches = accelerator.skip_first_batches(loader, position.batch) if skip else loader
             for batch_inputs, batch_targets in batches:
                 step = position.step + 1
                 observer.before_step(step)
