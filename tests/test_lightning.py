@@ -27,3 +27,20 @@ def test_a_users_lightning_module_is_qualified_without_changing_it(tmp_path, mod
                       fault=KILL)
     assert result.verdict.kind == verdict, result.verdict
     assert result.verdict.restored_step == 4
+
+
+@pytest.mark.parametrize("name, extra", [("lightning", "lightning"), ("accelerate", "accelerate")])
+def test_without_the_library_a_case_names_the_install_command(monkeypatch, name, extra):
+    """The strategy's requirement is checked in the harness before any rank starts; the pytest
+    plugin turns StrategyUnavailable into a skip (a failure under CI=true)."""
+    from resilience.core import registry
+    from resilience.errors import StrategyUnavailable
+    from resilience.run.harness import Harness
+
+    from .harness_helpers import case_from
+
+    strategy = registry.resolve("strategy", name)
+    monkeypatch.setattr(strategy, "requires", {f"{name}_is_not_here": f"pip install 'resilience[{extra}]'"})
+    with pytest.raises(StrategyUnavailable) as info:
+        Harness().run(case_from(strategy=name))
+    assert f"{name}_is_not_here is not installed (pip install 'resilience[{extra}]')" in str(info.value)
