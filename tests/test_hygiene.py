@@ -261,7 +261,7 @@ def test_killed_xdist_worker_mid_case_leaves_nothing_behind(scenario_run, kind):
 
 REGISTER_THEN_DIE = """\
 import os, signal, subprocess, sys
-from resilience import janitor
+from resilience.core import janitor
 doomed, kept = sys.argv[1], sys.argv[2]
 os.makedirs(os.path.join(doomed, "inner"))
 os.makedirs(kept)
