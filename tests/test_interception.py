@@ -235,8 +235,8 @@ def install():
     installed: list[Interceptor] = []
     saved = (builtins.open, io.open, torch.save, torch.serialization.save, os.fsync)
 
-    def _install(root: Path, listeners) -> Interceptor:
-        interceptor = Interceptor(root, listeners)
+    def _install(root: Path, listeners, staging: Path | None = None) -> Interceptor:
+        interceptor = Interceptor(root, listeners, staging=staging)
         interceptor.install()
         installed.append(interceptor)
         return interceptor
@@ -563,3 +563,65 @@ def test_a_file_no_listener_wants_is_left_to_torch_itself(root, install, tmp_pat
     with open(root / "y.bin", "wb") as f:
         assert not isinstance(f, InterceptedFile)
     assert listener.calls == []
+
+
+# -- the staging directory ($TMPDIR) ----------------------------------------------------------------
+
+def test_files_staged_in_tmpdir_are_named_with_the_staging_prefix(root, install, tmp_path):
+    """Lightning's atomic save writes its file in $TMPDIR and moves it into place: with a staging
+    directory, those writes reach listeners as '$TMPDIR/<name>'; other files outside stay plain."""
+    staging = tmp_path / "rank-tmp"
+    staging.mkdir()
+    recorder = Recorder()
+    install(root, [recorder], staging=staging)
+    with open(staging / "tmpabc", "wb") as f:
+        assert isinstance(f, InterceptedFile)
+        f.write(b"12345")
+    with open(tmp_path / "elsewhere.bin", "wb") as f:
+        assert not isinstance(f, InterceptedFile)
+    with open(root / "x.pt", "wb") as f:
+        f.write(b"ab")
+    assert ("write", "$TMPDIR/tmpabc", 0, 5) in recorder.calls
+    assert ("write", "x.pt", 0, 2) in recorder.calls
+
+
+def test_a_staged_file_matches_only_a_glob_that_names_tmpdir(root):
+    """A fault whose glob does not start with $TMPDIR/ (the default '*' included) never acts on a
+    staged file: existing scenarios keep meaning what they meant."""
+    everywhere = DiskFull(FaultSpec(kind="disk_full", trigger=trigger("write", 10, file="*"), params={}))
+    staged = DiskFull(FaultSpec(kind="disk_full", trigger=trigger("write", 10, file="$TMPDIR/*"), params={}))
+    assert everywhere.path_matches("step_8/x.pt") and not everywhere.path_matches("$TMPDIR/tmpabc")
+    assert staged.path_matches("$TMPDIR/tmpabc") and not staged.path_matches("step_8/x.pt")
+
+
+def test_disk_full_in_staging_only_while_the_checkpoint_directory_has_room(root, install, tmp_path):
+    """ENOSPC in $TMPDIR (Lightning #20270 / #21253's situation) and none in the checkpoint directory."""
+    staging = tmp_path / "rank-tmp"
+    staging.mkdir()
+    fault = arm(DiskFull(FaultSpec(kind="disk_full", trigger=trigger("write", 100, file="$TMPDIR/*"),
+                                   params={"via": "quota"})), root, lambda *a, **k: None)
+    install(root, [fault], staging=staging)
+    with open(root / "x.pt", "wb") as f:
+        f.write(b"x" * 1000)
+    with pytest.raises(OSError) as info:
+        with open(staging / "tmpabc", "wb") as f:
+            f.write(b"y" * 1000)
+    assert info.value.errno == errno.ENOSPC
+    assert (root / "x.pt").stat().st_size == 1000
+    assert (staging / "tmpabc").stat().st_size == 100
+
+
+def test_disk_full_on_staging_counts_only_staged_files(root, install, tmp_path):
+    """`on: staging`: ENOSPC in $TMPDIR, with `file` matched under it; the checkpoint directory keeps room."""
+    staging = tmp_path / "rank-tmp"
+    staging.mkdir()
+    fault = arm(DiskFull(FaultSpec(kind="disk_full", trigger=trigger("write", 100, file="*"),
+                                   params={"via": "quota", "on": "staging"})), root, lambda *a, **k: None)
+    assert fault.path_matches("$TMPDIR/tmpabc") and not fault.path_matches("x.pt")
+    install(root, [fault], staging=staging)
+    with open(root / "x.pt", "wb") as f:
+        f.write(b"x" * 1000)
+    with pytest.raises(OSError) as info:
+        with open(staging / "tmpabc", "wb") as f:
+            f.write(b"y" * 1000)
+    assert info.value.errno == errno.ENOSPC and (root / "x.pt").stat().st_size == 1000

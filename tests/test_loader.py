@@ -521,7 +521,7 @@ def test_shipped_cartesian_matrix_ids():
         "strategy=torch.per_rank,fault.point=write", "strategy=torch.per_rank,fault.point=close"]
     assert [(c.strategy.name, c.fault.trigger.point) for c in scenario.cases] == [
         ("torch.rank0", "write"), ("torch.rank0", "close"), ("torch.per_rank", "write"), ("torch.per_rank", "close")]
-    assert all(c.fault.params == {"via": "quota"} and c.fault.trigger.after_bytes == 8192 for c in scenario.cases)
+    assert all(c.fault.params == {"via": "quota", "on": "checkpoint"} and c.fault.trigger.after_bytes == 8192 for c in scenario.cases)
     assert all(c.tier == "smoke" for c in scenario.cases)
 
 
@@ -640,7 +640,7 @@ def test_trigger_defaults():
 
 def test_disk_full_defaults_to_quota():
     fault = load(variant({"fault": {"kind": "disk_full", "rank": 0, "step": 8, "after_bytes": 0}})).cases[0].fault
-    assert fault.params == {"via": "quota"}
+    assert fault.params == {"via": "quota", "on": "checkpoint"}
     assert (fault.trigger.point, fault.trigger.after_bytes) == ("write", 0)
 
 
@@ -814,3 +814,17 @@ def test_case_ids_leave_expectations_out_unless_they_alone_tell_cases_apart():
                               {"strategy": "torch.rank0", "expect": "recovers"}]})
     assert [c.id for c in load(doc).cases] == ["strategy=torch.rank0,expect=fails_loudly",
                                                "strategy=torch.rank0,expect=recovers"]
+
+
+def test_a_plain_on_key_is_the_word_not_a_yaml_bool():
+    """YAML 1.1 reads a plain `on:` key as True; `disk_full on: staging` must mean what it says,
+    while `true`/`false` and values stay YAML's."""
+    text = ("name: n\nstrategy: torch.per_rank\n"
+            "workload: {model: mlp, world_size: 2, steps: 8, checkpoint_every: 4}\n"
+            "fault: {kind: disk_full, rank: 0, step: 4, phase: save, point: write, on: staging, after_bytes: 10}\n"
+            "expect: fails_loudly\n")
+    (case,) = load_text(text, SOURCE).cases
+    assert case.fault.params["on"] == "staging"
+    bad = text.replace("on: staging", "on: nowhere")
+    with pytest.raises(ScenarioError, match="fault.on"):
+        load_text(bad, SOURCE)

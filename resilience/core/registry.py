@@ -16,6 +16,8 @@ STRATEGIES = {
     "megatron": "resilience.strategies.megatron:MegatronCheckpoint",
     "dcp": "resilience.strategies.dcp:DcpCheckpoint",
     "manifest": "resilience.strategies.manifest:ManifestCheckpoint",
+    "lightning": "resilience.strategies.lightning:LightningCheckpoint",
+    "accelerate": "resilience.strategies.accelerate:AccelerateCheckpoint",
 }
 FAULTS = {
     "none": "resilience.faults.noop:NoFault",

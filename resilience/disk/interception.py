@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 WRITE_MODE_CHARS = set("wax+")
+#: how a file in the rank's temporary directory ($TMPDIR, where Lightning's atomic save stages its
+#: file before moving it into place) is named to listeners and fault globs: "$TMPDIR/<name>"
+STAGING_PREFIX = "$TMPDIR/"
 
 
 class IOListener(Protocol):
@@ -107,11 +110,22 @@ class InterceptedFile:
         return getattr(self._raw, name)
 
 
+def _relative_inside(path: str, root: Path) -> str | None:
+    try:
+        relative = os.path.relpath(path, root)
+    except ValueError:
+        return None
+    if relative in (".", os.pardir) or relative.startswith(os.pardir + os.sep):  # not "..name"
+        return None
+    return relative.replace(os.sep, "/")
+
+
 class Interceptor:
     """Routes writes under ``root`` through `InterceptedFile`. One per rank process."""
 
-    def __init__(self, root: Path, listeners: Sequence[IOListener]):
+    def __init__(self, root: Path, listeners: Sequence[IOListener], staging: Path | None = None):
         self.root = Path(os.path.abspath(root))
+        self.staging = Path(os.path.abspath(staging)) if staging is not None else None
         self.listeners = list(listeners)
         # Weak: a file dropped without close() must be collected, flushed and closed as it would be
         # without interception (``json.dump(x, open(p, 'w'))``), not kept open and unflushed.
@@ -127,16 +141,16 @@ class Interceptor:
                           if getattr(listener, "wants", None) is None or listener.wants(relative)]
 
     def relative(self, file: Any) -> str | None:
+        """The name listeners see: relative to the checkpoint directory, or ``$TMPDIR/...`` for a
+        file staged in the rank's temporary directory; None for any other file."""
         if not isinstance(file, (str, bytes, os.PathLike)):
             return None
         path = os.path.abspath(os.fsdecode(file))
-        try:
-            relative = os.path.relpath(path, self.root)
-        except ValueError:
-            return None
-        if relative in (".", os.pardir) or relative.startswith(os.pardir + os.sep):  # not "..name"
-            return None
-        return relative.replace(os.sep, "/")
+        inside = _relative_inside(path, self.root)
+        if inside is None and self.staging is not None:
+            staged = _relative_inside(path, self.staging)
+            return None if staged is None else STAGING_PREFIX + staged
+        return inside
 
     def install(self) -> None:
         import torch

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from ..errors import FaultUnavailable, Unavailable
-from ..disk.interception import InterceptedFile
+from ..disk.interception import STAGING_PREFIX, InterceptedFile
 from ..core.case import Case, FaultSpec, Trigger
 
 if TYPE_CHECKING:
@@ -242,6 +242,8 @@ class Fault:
         return self.path_matches(file.relative)
 
     def path_matches(self, relative: str) -> bool:
+        if relative.startswith(STAGING_PREFIX) and not self.trigger.file.startswith(STAGING_PREFIX):
+            return False  # a staged file only when the glob names $TMPDIR itself
         return fnmatchcase(relative, self.trigger.file)
 
     def fired(self, **detail: Any) -> None:

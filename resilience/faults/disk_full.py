@@ -4,7 +4,9 @@
 bytes from the start of the triggering save. At ``point: write`` the write that crosses the budget is
 cut short and raises ENOSPC, as a local filesystem does; at ``fsync`` or ``close`` every write seems to
 succeed and the error comes later, as on NFS or Lustre, with the file cut back to the budget.
-The disk stays full for the rest of the first run; the restart finds it freed.
+The disk stays full for the rest of the first run; the restart finds it freed. ``on: staging``
+counts only the files a rank stages in its $TMPDIR (Lightning's atomic save writes there before
+moving the file into place), so the staging directory is full while the checkpoint directory has room.
 
 ``via: tmpfs`` (root): the checkpoint directory is a real size-limited tmpfs; when the trigger rank
 starts the triggering save, a ballast file fills it up to ``after_bytes`` free bytes, so the kernel
@@ -15,10 +17,11 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+from fnmatch import fnmatchcase
 from typing import Any
 
 from ..core import janitor
-from ..disk.interception import InterceptedFile
+from ..disk.interception import STAGING_PREFIX, InterceptedFile
 from .base import CaseEnvironment, Fault, FaultUnavailable
 
 BALLAST_NAME = ".resilience-ballast"
@@ -32,7 +35,7 @@ class DiskFull(Fault):
     kind = "disk_full"
     points = {"save": ("write", "fsync", "close", "start")}
     byte_points = ("write", "fsync", "close", "start")
-    params = {"via": (("quota", "tmpfs"), "quota")}
+    params = {"via": (("quota", "tmpfs"), "quota"), "on": (("checkpoint", "staging"), "checkpoint")}
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -47,6 +50,9 @@ class DiskFull(Fault):
         if via == "tmpfs" and point != "start":
             return ("fault.point", "via tmpfs fills the disk when the save starts; the kernel decides the rest",
                     point, "start")
+        if spec.params.get("on") == "staging" and via == "tmpfs":
+            return ("fault.via", "on: staging counts the bytes written into $TMPDIR; a tmpfs fills the checkpoint "
+                    "directory", via, "quota")
         if via == "quota" and point == "start":
             return ("fault.point", "via quota counts bytes per write; say where the error surfaces", point,
                     "write, fsync, close")
@@ -54,6 +60,13 @@ class DiskFull(Fault):
 
     def needs_interception(self) -> bool:
         return self.spec.params["via"] == "quota"
+
+    def path_matches(self, relative: str) -> bool:
+        """``on: staging``: only files staged in the rank's $TMPDIR, ``file`` matched against the
+        name under it; ``on: checkpoint`` (default): as every fault."""
+        if self.spec.params.get("on") != "staging":
+            return super().path_matches(relative)
+        return relative.startswith(STAGING_PREFIX) and fnmatchcase(relative[len(STAGING_PREFIX):], self.trigger.file)
 
     @property
     def budget(self) -> int:

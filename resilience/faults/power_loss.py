@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..disk.interception import InterceptedFile
+from ..disk.interception import STAGING_PREFIX, InterceptedFile
 from ..disk.io_trace import NamespaceHooks, TraceWriter
 from .base import Fault, RankEnvironment
 
@@ -70,7 +70,8 @@ class PowerLoss(Fault):
             self.fired(point="any")
 
     def wants(self, relative: str) -> bool:
-        return self._recording()
+        # the crash-state model covers the checkpoint directory only, not files staged in $TMPDIR
+        return self._recording() and not relative.startswith(STAGING_PREFIX)
 
     def on_open(self, file: InterceptedFile) -> None:
         mode = getattr(file, "mode", "w")

@@ -44,7 +44,8 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     from ..faults.base import Clock, RankEnvironment
     from ..disk.interception import Interceptor
     from ..scenario.loader import read_case_file
-    from ..strategies.preemption import EMERGENCY_PHASE, EmergencySave, wanted_by
+    from ..strategies.preemption import EmergencySave, wanted_by
+    from .step_loop import HarnessObserver, train_with_harness_loop
     from ..strategies.base import StrategyContext
 
     torch.set_num_threads(1)  # reductions over several threads change the bits of a sum
@@ -64,7 +65,8 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     fault = fault_class(case.fault) if plan.inject or at_restart else None
     if fault and fault.needs_interception():
         # Only then: torch.save given a path writes from C++, and the real thing should stay real.
-        Interceptor(checkpoint_dir, [fault]).install()
+        # and files staged in the rank's $TMPDIR (named "$TMPDIR/..." to fault globs)
+        Interceptor(checkpoint_dir, [fault], staging=Path(os.environ["TMPDIR"])).install()
     if fault:
         fault.arm(RankEnvironment(rank=rank, world_size=plan.world_size, checkpoint_dir=checkpoint_dir,
                                   clock=clock, emit=events.emit, case_dir=Path(plan.case_file).parent,
@@ -101,61 +103,23 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
     workload = workload_cls(case.workload, rank, plan.world_size, **(
         {"topology": topology} if workload_cls.model_parallel else {}))  # collective: it may build groups
     workload = strategy.prepare(workload)
-    snapshots = Path(plan.snapshot_dir) if plan.snapshot_dir else None
-
-    load_started = time.monotonic()  # the time to restore goes in the report
-    if plan.start == "strategy":
+    observer = HarnessObserver(plan, case.workload.steps, case.workload.checkpoint_every, clock, fault, strategy,
+                               events.emit)
+    observer.load_started = time.monotonic()  # the time to restore goes in the report
+    if plan.start in ("strategy", "step"):
         clock.phase = "load"
-        strategy.load(workload)
-    elif plan.start == "step":  # the fallback probe: exactly this checkpoint, through the strategy
-        clock.phase = "load"
-        strategy.load_step(workload, plan.snapshot_step)
-    elif plan.start == "snapshot":
-        workload.load_reference_snapshot(snapshots / f"step_{plan.snapshot_step}")
-    clock.phase = "idle"
-    events.emit("restored", step=workload.step, fingerprint=workload.fingerprint(),
-                load_s=time.monotonic() - load_started)
-    if plan.record_states and snapshots is not None and plan.start == "fresh":
-        workload.save_reference_snapshot(snapshots / f"step_{workload.step}")
-
-    every = case.workload.checkpoint_every
-    emergency = EmergencySave(events.emit) if plan.save and wanted_by(strategy) else None
-    saved_step = workload.step if plan.start == "strategy" else None
-
-    def emergency_save() -> None:
-        clock.phase = EMERGENCY_PHASE
-        strategy.save(workload, workload.step)
-        clock.phase = "idle"
-
-    while workload.step < case.workload.steps:
-        if emergency is not None and emergency.requested():  # between steps, agreed by every rank
-            emergency.stop(workload.step, None if saved_step == workload.step else emergency_save)
-        step = workload.step + 1
-        clock.phase, clock.step = "train", step
-        if fault:
-            fault.at("train", step)
-        loss = workload.train_step()
-        clock.phase = "idle"
-        events.emit("loss", step=step, loss=loss)
-        if plan.record_states:  # every step: an emergency save (on SIGTERM) may restore any of them
-            events.emit("state", step=step, fingerprint=workload.fingerprint())
-        if step % every:
-            continue
-        if plan.record_states and snapshots is not None:
-            workload.save_reference_snapshot(snapshots / f"step_{step}")
-        if plan.save:
-            clock.phase, clock.save_step = "save", step
-            events.emit("save_begin", step=step)
-            if fault:
-                fault.at("save", step)
-            strategy.save(workload, step)
-            clock.phase = "idle"
-            events.emit("save_returned", step=step)
-            if fault:
-                fault.after_save(strategy, step)
-            saved_step = step
-    if plan.save:
-        strategy.finish(workload)
+    if strategy.drives_training:  # the library's own loop restores, trains and saves
+        strategy.train(workload, observer)
+    else:
+        if plan.start == "strategy":
+            strategy.load(workload)
+        elif plan.start == "step":  # the fallback probe: exactly this checkpoint, through the strategy
+            strategy.load_step(workload, plan.snapshot_step)
+        elif plan.start == "snapshot":
+            workload.load_reference_snapshot(observer.snapshot_path(plan.snapshot_step))
+        observer.restored(workload)
+        emergency = EmergencySave(events.emit) if plan.save and wanted_by(strategy) else None
+        train_with_harness_loop(workload, strategy, observer, emergency)
     dist.barrier()
     events.emit("done", step=workload.step, peak_rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     if owns_group:

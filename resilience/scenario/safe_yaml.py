@@ -18,6 +18,9 @@ MAX_NODES = 20_000  # YAML nodes, every alias counted as the whole value it repe
 MAX_DEPTH = 40
 
 
+BOOL_TAG, STR_TAG = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:str"
+
+
 class StrictLoader(yaml.SafeLoader):
     """Safe YAML that rejects duplicate keys instead of keeping the last one silently."""
 
@@ -38,6 +41,9 @@ def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool 
     for key_node, _ in node.value:
         if key_node.tag == "tag:yaml.org,2002:merge":
             continue  # `<<: *anchor` merge keys: SafeLoader.construct_mapping flattens them
+        if (key_node.tag == BOOL_TAG and key_node.style is None
+                and key_node.value.lower() not in ("true", "false")):
+            key_node.tag = STR_TAG  # YAML 1.1 reads a plain `on:` (`off`, `yes`, `no`) key as a bool
         key = loader.construct_object(key_node, deep=deep)
         try:
             hash(key)

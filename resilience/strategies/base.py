@@ -37,6 +37,51 @@ class StrategyContext:
         return self.placement.node_of(self.rank)
 
 
+class TrainingObserver(ABC):
+    """The harness's side of a training loop that a library runs itself (``drives_training``).
+
+    The strategy's ``train`` calls it from the library's own extension points (a Lightning
+    ``Callback``, a step wrapped by Accelerate's loop), on every rank, in this order:
+      1. ``restored(workload)`` once, after the library restored its checkpoint (``start ==
+         "strategy"``), the trusted snapshot (``"snapshot"``) or nothing (``"fresh"``), before the
+         first step it trains;
+      2. per step: ``before_step(step)`` before its batch, then ``after_step(step, loss)`` once the
+         optimizer stepped (``loss``: the global loss, identical on every rank);
+      3. at a checkpoint step (``step % checkpoint_every == 0``) of a phase that ``saves``:
+         ``before_save(step)`` right before the library's save, ``after_save(step)`` once it returned.
+    ``snapshot_due(step)`` says whether the reference run wants a trusted snapshot after that step
+    (the strategy then writes one with ``workload.save_reference_snapshot``).
+    """
+
+    start: str  # "fresh", "strategy" (restore the library's checkpoint) or "snapshot"
+    saves: bool  # whether this phase checkpoints
+    steps: int  # train until the library's step count reaches this
+    checkpoint_every: int
+    snapshot_step: int | None  # start == "snapshot": the step of the trusted snapshot to start from
+
+    @abstractmethod
+    def restored(self, workload: Workload) -> None: ...
+
+    @abstractmethod
+    def before_step(self, step: int) -> None: ...
+
+    @abstractmethod
+    def after_step(self, workload: Workload, step: int, loss: float) -> None: ...
+
+    @abstractmethod
+    def before_save(self, step: int) -> None: ...
+
+    @abstractmethod
+    def after_save(self, step: int) -> None: ...
+
+    @abstractmethod
+    def snapshot_due(self, step: int) -> bool: ...
+
+    @abstractmethod
+    def snapshot_path(self, step: int) -> Path:
+        """Where the trusted snapshot of ``step`` lives (written by the reference, read by the continuation)."""
+
+
 class CheckpointStrategy(ABC):
     """A checkpoint system: saves a workload's state and restores it in a fresh job.
 
@@ -53,9 +98,16 @@ class CheckpointStrategy(ABC):
          workload untouched to start from scratch, or raises to refuse. Then ``save`` as in 2.
       4. ``finish(workload)`` on every rank after the last training step of a phase that saves (first
          run and restart): a strategy whose saves complete in the background commits the last one.
+    A strategy whose library runs the training loop itself (``drives_training``) gets, in place of
+    2-4 and of the harness's own loop, one call of ``train(workload, observer)`` on every rank: the
+    library trains, restores (``observer.start``) and saves with its own mechanisms, and reports
+    through the `TrainingObserver`.
     Faults reach a strategy's files through ``open``, ``torch.save`` and ``os.fsync`` on paths under
     ``context.checkpoint_dir``; a strategy needs no code of its own for that.
     """
+
+    #: whether the library's own loop trains (``train``) instead of the harness's loop
+    drives_training: ClassVar[bool] = False
 
     #: option names a scenario may set under ``strategy.options``
     options: ClassVar[tuple[str, ...]] = ()
@@ -125,6 +177,11 @@ class CheckpointStrategy(ABC):
     @abstractmethod
     def save(self, workload: Workload, step: int) -> None:
         """Save ``workload.state_dict()`` for ``step``; called on every rank."""
+
+    def train(self, workload: Workload, observer: TrainingObserver) -> None:
+        """Run the library's training loop to ``observer.steps``, restoring and saving as the library
+        does and reporting to ``observer``; on every rank, once (``drives_training`` strategies)."""
+        raise NotImplementedError(f"{type(self).__name__} does not run a training loop of its own")
 
     def finish(self, workload: Workload) -> None:
         """Commit whatever save is still in flight; called on every rank once training ended."""

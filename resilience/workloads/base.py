@@ -119,6 +119,11 @@ class TrainableWorkload(Workload):
     def local_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """This rank's loss: its mean over ranks is the global loss."""
 
+    def training_examples(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole training set (inputs, targets), for a library that loads the data itself
+        through its own ``DataLoader`` and sampler (Lightning, Accelerate): no input noise then."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its training set")
+
     @abstractmethod
     def count_step(self) -> None:
         """The engine finished one step."""

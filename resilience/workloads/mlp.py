@@ -81,6 +81,9 @@ class MLPWorkload(TrainableWorkload):
         """Mean squared error over this rank's examples (an engine averages it over ranks)."""
         return ((outputs - targets) ** 2).mean()
 
+    def training_examples(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inputs, self.targets
+
     def count_step(self) -> None:
         """An engine that drives this workload finished one step."""
         self._step += 1
