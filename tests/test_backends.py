@@ -86,8 +86,12 @@ def test_shipped_smoke_tier_gives_identical_verdicts_under_both_backends(tmp_pat
     cases = [c for f in sorted(root.glob("*.scenario.yaml")) for c in load_file(f).cases if c.tier == "smoke"]
     assert len(cases) >= 8
     cache = ReferenceCache(tmp_path / "cache")
-    by_backend = {}
+    by_backend, findings = {}, {}
     for name in ("fork", "spawn"):
         harness = Harness(backend=BACKENDS[name](), work_root=tmp_path / name, cache=cache)
-        by_backend[name] = [(c.source, c.id, harness.run(c).verdict.kind) for c in cases]
-    assert by_backend["fork"] == by_backend["spawn"]
+        results = [harness.run(c) for c in cases]
+        by_backend[name] = [(c.source, c.id, r.verdict.kind) for c, r in zip(cases, results)]
+        findings[name] = {c.id + " " + c.source: r.verdict.findings for c, r in zip(cases, results)}
+    differing = {key: (findings["fork"][key], findings["spawn"][key]) for key in findings["fork"]
+                 if findings["fork"][key] != findings["spawn"][key]}
+    assert by_backend["fork"] == by_backend["spawn"], differing  # the evidence of each side
