@@ -163,6 +163,7 @@ class DcpCheckpoint(CheckpointStrategy):
     returns while a background thread writes it; ``finish`` waits for the last one.
     """
 
+    warm_restores = True  # keeps nothing between loads: restored in warm ranks
     options = ("mode", "storage")
     option_values: ClassVar[Mapping[str, tuple[str, ...]]] = {"mode": MODES, "storage": STORAGES}
 
