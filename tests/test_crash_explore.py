@@ -273,6 +273,23 @@ def test_a_rename_without_a_directory_fsync_loses_a_checkpoint_whose_save_return
     assert any("rename step_00000008/ckpt_rank_" in finding for finding in result.verdict.findings)
 
 
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return found
+
+
+def _ranks_of_the_fork_server() -> list[int]:
+    """Processes forked by this test process's fork server (ranks, warm or not) still alive."""
+    servers = [pid for pid in _children(os.getpid())
+               if b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    return [rank for server in servers for rank in _children(server)]
+
+
 def test_the_seed_scheme_is_explored_exhaustively_in_warm_ranks_and_the_canary_agrees(tmp_path):
     case = case_from(strategy="torch.rank0", expect="fails_loudly", workload={"steps": 12},
                      fault={"kind": "power_loss", "step": SAVE}, timeouts={"phase": 60})
@@ -283,6 +300,7 @@ def test_the_seed_scheme_is_explored_exhaustively_in_warm_ranks_and_the_canary_a
     assert f"explored {report['restores']} of {report['restores']} distinct crash states" in result.verdict.findings[0]
     assert report["canaries"] >= 1 and not report["canary_note"]
     assert not result.sampled
+    assert _ranks_of_the_fork_server() == []  # the warm groups, active and standby, are gone
 
 
 def test_a_strategy_that_caches_its_first_load_in_a_module_global_is_caught_by_the_canary(tmp_path):
@@ -292,6 +310,7 @@ def test_a_strategy_that_caches_its_first_load_in_a_module_global_is_caught_by_t
     # what fresh ranks make of the scheme it wraps: a zeroed block inside a tensor, restored at step 8
     assert result.verdict.kind is VerdictKind.SILENT and result.verdict.restored_step == SAVE, result.verdict.findings
     assert any("disagreed" in finding for finding in result.verdict.findings)
+    assert _ranks_of_the_fork_server() == []
 
 
 def test_the_explore_command_runs_only_power_loss_cases(tmp_path, capsys):
