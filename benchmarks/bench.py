@@ -8,9 +8,13 @@
 (b) a 512 MiB torch.save through the interception layer (no fault armed) vs torch.save to a plain
     path: throughput ratio, goal >= 0.9
 (c) randomly drawn kill cases ("fuzz examples") per minute: fork backend vs spawn backend
-(d) the shipped scenario suite with -n 2 vs serial
+(d) the shipped scenario suite with -n 2 vs serial, both with a warm reference cache (a first
+    -n 2 run fills it), and its seconds per case
 (e) a DeepSpeed ZeRO-2 kill case end to end vs one cold `torchrun` launch of the same DeepSpeed
     training (where DeepSpeed is installed)
+(f) crash-state restores per second in warm ranks / in fresh forked ranks (the explorer's own
+    restores of the torch.per_rank power-loss case, timed one by one); goal >= 10x
+(g) that power-loss case's wall time / (distinct states explored x one warm restore); goal <= 1.5
 plus peak memory of the harness and of the ranks, and harness memory / open files across many
 cases in one process (no growth means no leak).
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import resource
 import statistics
 import subprocess
@@ -37,6 +42,7 @@ from resilience.run.reference_cache import ReferenceCache  # noqa: E402
 
 NO_FAULT = ROOT / "scenarios" / "no_fault.scenario.yaml"
 DEEPSPEED = ROOT / "scenarios" / "deepspeed_no_fault.scenario.yaml"
+POWER_LOSS = ROOT / "scenarios" / "power_loss_torch.scenario.yaml"
 
 
 def timed(fn) -> float:
@@ -143,10 +149,59 @@ def examples_per_minute(harness: Harness, examples: int, seed: int) -> float:
     return examples / elapsed * 60
 
 
-def suite_seconds(extra: list[str], cache: Path) -> float:
+def suite_seconds(extra: list[str], cache: Path) -> tuple[float, int]:
+    """Wall time of the shipped suite, and how many cases it ran."""
     command = [sys.executable, "-m", "pytest", str(ROOT / "scenarios"), "-q", "-p", "no:cacheprovider",
                f"--resilience-cache={cache}", *extra]
-    return timed(lambda: subprocess.run(command, cwd=ROOT, capture_output=True))
+    done: list[subprocess.CompletedProcess] = []
+    elapsed = timed(lambda: done.append(subprocess.run(command, cwd=ROOT, capture_output=True, text=True)))
+    tail = done[0].stdout.strip().splitlines()[-1] if done[0].stdout.strip() else ""
+    cases = sum(int(n) for n, word in re.findall(r"(\d+) (passed|failed|xfailed|skipped|error)", tail))
+    return elapsed, cases
+
+
+def bench_restores(cache: ReferenceCache, strategy: str = "torch.per_rank") -> tuple[float, float]:
+    """(f) and (g): the explorer's restores timed one by one, in warm ranks and then in fresh ones."""
+    from resilience.run import crash_restores
+
+    spent: dict[str, list[float]] = {"warm": [], "fresh": []}
+    original = crash_restores.CrashRestores.restore
+
+    def timed_restore(self, files, dirs, digest, fresh=False):
+        started = time.monotonic()
+        try:
+            return original(self, files, dirs, digest, fresh)
+        finally:
+            spent["fresh" if fresh or self.pool is None else "warm"].append(time.monotonic() - started)
+
+    crash_restores.CrashRestores.restore = timed_restore
+    try:
+        case = next(c for c in load_file(POWER_LOSS).cases if c.strategy.name == strategy)
+        warm = Harness(cache=cache)
+        warm.run(load_file(NO_FAULT).cases[0])  # the fork server's start, not counted
+        wall = timed(lambda: warm.run(case))
+        warm_each = statistics.mean(spent["warm"])
+        states = len(spent["warm"])
+        spent["fresh"].clear()
+        Harness(backend=warm.backend, cache=cache, explore_warm=False).run(case)
+        fresh_each = statistics.mean(spent["fresh"])
+    finally:
+        crash_restores.CrashRestores.restore = original
+    print(f"(f) crash-state restores per second, warm ranks / fresh forked ranks ({strategy} power loss): "
+          f"{fresh_each / warm_each:.1f}x ({1 / warm_each:.1f} vs {1 / fresh_each:.1f} per second; goal >= 10x)",
+          flush=True)
+    print(f"(g) that power-loss case's wall time / ({states} warm restores x one warm restore): "
+          f"{wall / (states * warm_each):.2f} (goal <= 1.5; {wall:.1f} s)", flush=True)
+    return fresh_each / warm_each, wall / (states * warm_each)
+
+
+def print_suite_ratio(cache_dir: Path) -> None:
+    suite_seconds(["-n", "2"], cache_dir)  # fills the reference cache: both runs below find it warm
+    serial, cases = suite_seconds([], cache_dir)
+    parallel, _ = suite_seconds(["-n", "2"], cache_dir)
+    print(f"(d) shipped suite wall time, -n 2 / serial, warm reference cache: {parallel / serial:.2f} "
+          f"(goal <= 0.55; {serial / max(cases, 1):.2f} s per case serial, {parallel / max(cases, 1):.2f} "
+          f"with -n 2, {cases} cases)", flush=True)
 
 
 def print_deepspeed_ratio(harness: Harness, repeats: int) -> None:
@@ -165,7 +220,7 @@ def print_deepspeed_ratio(harness: Harness, repeats: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", choices=["e"], help="run one measurement only")
+    parser.add_argument("--only", choices=["d", "e", "f"], help="run one measurement only (f: also g)")
     args = parser.parse_args()
     repeats = 2 if args.quick else 4
     with tempfile.TemporaryDirectory(prefix="resilience-bench-cache-") as cache_dir:
@@ -175,6 +230,12 @@ def main() -> int:
 
         if args.only == "e":
             print_deepspeed_ratio(fork, repeats)
+            return 0
+        if args.only == "f":
+            bench_restores(cache)
+            return 0
+        if args.only == "d":
+            print_suite_ratio(Path(cache_dir))
             return 0
         ratio_a, results = bench_case_vs_torchrun(fork, repeats)
         harness_peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before (b)'s 512 MiB
@@ -188,9 +249,8 @@ def main() -> int:
         fast, slow = examples_per_minute(fork, examples, 1), examples_per_minute(spawn, examples, 1)
         print(f"(c) fuzz examples per minute, fork / spawn backend: {fast / slow:.1f}x "
               f"({fast:.0f} vs {slow:.0f} per minute, {examples} examples each)", flush=True)
-        serial = suite_seconds([], Path(cache_dir))
-        parallel = suite_seconds(["-n", "2"], Path(cache_dir))
-        print(f"(d) shipped suite wall time, -n 2 / serial: {parallel / serial:.2f}", flush=True)
+        print_suite_ratio(Path(cache_dir))
+        bench_restores(cache)
 
         print_deepspeed_ratio(fork, repeats)
         rank_peaks = [e["peak_rss_kib"] for r in results for p in r.phases for rec in p.ranks

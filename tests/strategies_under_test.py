@@ -3,9 +3,11 @@ checker must catch each) and correct ones. Most live in the planted-bug catalogu
 (`resilience.planted`), which the tests reach under this module's name too."""
 from __future__ import annotations
 
+import copy
 import os
 import time
 
+import torch
 import torch.distributed as dist
 
 from resilience.planted.durable import AtomicFallbackSave, DurableShardsThenPointer  # noqa: F401 -- re-exported
@@ -22,7 +24,7 @@ from resilience.planted.storage_bugs import (  # noqa: F401 -- re-exported for t
     UnpicklesInFull,
 )
 from resilience.strategies.base import CheckpointStrategy
-from resilience.strategies.torch_native import PerRankSave, step_dir
+from resilience.strategies.torch_native import CHECK_LOSS_KEY, STAMP_KEY, PerRankSave, RankZeroSave, step_dir
 
 
 class StallsOnLoad(PerRankSave):
@@ -84,3 +86,21 @@ class PlantsSymlinkOut(PerRankSave):
         super().save(workload, step)
         if self.context.rank == 0:
             os.symlink(self.context.options["link_to"], step_dir(self.context.checkpoint_dir, step) / "escape.pt")
+
+
+_FIRST_LOADED: dict | None = None  # module global: outlives one restore in a process that runs several
+
+
+class CachesFirstLoad(RankZeroSave):
+    """Broken in a reused process: it says it keeps nothing between loads (``warm_restores``), but
+    keeps the state of its first load in a module global and restores that one ever after,
+    whatever the disk holds. Fresh ranks never notice; the explorer's canary must."""
+
+    warm_restores = True
+
+    def restore_from(self, path, workload) -> None:
+        global _FIRST_LOADED
+        if _FIRST_LOADED is None:
+            state = torch.load(path, weights_only=True)
+            _FIRST_LOADED = {key: value for key, value in state.items() if key not in (STAMP_KEY, CHECK_LOSS_KEY)}
+        workload.load_state_dict(copy.deepcopy(_FIRST_LOADED))

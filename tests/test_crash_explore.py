@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from resilience.disk.crash_states import CrashModel, CrashPoint, Loss
+from resilience.disk.enumeration import Bounds, count_points, distinct_states, points
 from resilience.disk.state_tree import materialise, read_tree, state_hash
 from resilience.errors import ScenarioError
 from resilience.faults.base import Clock, RankEnvironment
@@ -146,6 +147,30 @@ def test_identical_disk_states_share_a_hash_and_materialise_as_real_directories(
     assert state_hash(files, {".", "step"}) != state_hash({**files, "latest": b"stop"}, {".", "step"})
 
 
+def test_the_bounded_model_enumerates_every_fate_of_each_unsynced_file_and_keeps_distinct_states(tmp_path):
+    record = Recorder(tmp_path)
+    record(SAVE - 4, "mkdir", path="d")  # durable
+    record(SAVE - 4, "dir_fsync", path="d")
+    data = bytes(range(256)) * 48  # 12288 bytes: three blocks, never fsynced
+    write_file(record, SAVE, "d/ckpt", data)
+    record(SAVE, "returned")
+    record.close()
+    model = model_of(tmp_path)
+    listed = list(points(model, Bounds()))
+    assert len(listed) == count_points(model, Bounds())
+    enumeration = distinct_states(model, limit=100)
+    assert enumeration.complete and len({state.digest for state in enumeration.states}) == len(enumeration.states)
+    contents = {model.disk(state.points[0])[0].get("d/ckpt") for state in enumeration.states}
+    holes = [data[:block] + bytes(4096) + data[block + 4096:] for block in (0, 4096, 8192)]
+    # not yet created, empty (dropped or torn at 0 bytes), half, whole, and a hole in each chosen block
+    assert contents == {None, b"", data[:len(data) // 2], data, *holes}
+    # the whole file on disk is judged apart before and after the save returned
+    whole = next(state for state in enumeration.states if model.disk(state.points[0])[0].get("d/ckpt") == data)
+    assert {model.returned(point) for point in whole.points} == {frozenset(), frozenset({0})}
+    too_many = distinct_states(model, limit=3)
+    assert not too_many.complete and too_many.states == () and "more than 3 distinct" in too_many.too_large
+
+
 # -- recording in a rank process ----------------------------------------------------------------------
 
 def _traced_save(root: Path, case_dir: Path) -> None:
@@ -246,6 +271,46 @@ def test_a_rename_without_a_directory_fsync_loses_a_checkpoint_whose_save_return
     assert result.verdict.restored_step == 4 and result.verdict.complete_step == SAVE
     assert report["reported"]["point"]["lost_metadata"] >= 1  # a rename never reached the directory
     assert any("rename step_00000008/ckpt_rank_" in finding for finding in result.verdict.findings)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return found
+
+
+def _ranks_of_the_fork_server() -> list[int]:
+    """Processes forked by this test process's fork server (ranks, warm or not) still alive."""
+    servers = [pid for pid in _children(os.getpid())
+               if b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    return [rank for server in servers for rank in _children(server)]
+
+
+def test_the_seed_scheme_is_explored_exhaustively_in_warm_ranks_and_the_canary_agrees(tmp_path):
+    case = case_from(strategy="torch.rank0", expect="fails_loudly", workload={"steps": 12},
+                     fault={"kind": "power_loss", "step": SAVE}, timeouts={"phase": 60})
+    result = Harness(work_root=tmp_path, keep=True).run(case)
+    report = json.loads((result.work_dir / "exploration.json").read_text())
+    assert result.verdict.kind is VerdictKind.SILENT and result.verdict.restored_step == SAVE, result.verdict.findings
+    assert report["enumerated"] == report["restores"] and report["restored_in"].startswith("warm ranks")
+    assert f"explored {report['restores']} of {report['restores']} distinct crash states" in result.verdict.findings[0]
+    assert report["canaries"] >= 1 and not report["canary_note"]
+    assert not result.sampled
+    assert _ranks_of_the_fork_server() == []  # the warm groups, active and standby, are gone
+
+
+def test_a_strategy_that_caches_its_first_load_in_a_module_global_is_caught_by_the_canary(tmp_path):
+    result, report = explore(tmp_path, "CachesFirstLoad", "fails_loudly", restores=60)
+    assert "warm ranks and fresh ranks disagreed" in report["canary_note"], report
+    assert report["restored_in"].startswith("fresh ranks")  # every state restored again, afresh
+    # what fresh ranks make of the scheme it wraps: a zeroed block inside a tensor, restored at step 8
+    assert result.verdict.kind is VerdictKind.SILENT and result.verdict.restored_step == SAVE, result.verdict.findings
+    assert any("disagreed" in finding for finding in result.verdict.findings)
+    assert _ranks_of_the_fork_server() == []
 
 
 def test_the_explore_command_runs_only_power_loss_cases(tmp_path, capsys):

@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..core import registry
 from ..errors import ResilienceError, Unavailable
 from ..run.harness import Harness
 from ..oracle.outcome import judge_case
@@ -24,7 +23,7 @@ class Observation:
     """What one run of a case concluded; equal observations mean a repeatable case."""
 
     verdict: str  # a VerdictKind value, or "SKIPPED" / "ERROR" when the case could not run
-    restored_step: int | None  # None for a power_loss case: see observe
+    restored_step: int | None  # None for a sampled power_loss search: see observe
     status: str  # passed | failed | xfailed | skipped | error
 
 
@@ -45,10 +44,9 @@ def observe(harness: Harness, case: Case) -> Observation:
         return Observation("SKIPPED", None, "skipped")
     except ResilienceError as exc:
         return Observation("ERROR", None, f"error: {type(exc).__name__}")
-    # An exploring fault's verdict is that of the worst crash state its search drew; which state (and
-    # so its restored step) depends on how the ranks' writes interleaved, the verdict does not.
-    explores = registry.resolve("fault", case.fault.kind).explores
-    step = None if explores else result.verdict.restored_step
+    # A power-loss save too large to enumerate is searched: which crash state the search drew (and
+    # so its restored step) depends on how the ranks' writes interleaved. An enumerated one is exact.
+    step = None if result.sampled else result.verdict.restored_step
     return Observation(result.verdict.kind.value, step, judge_case(result).status)
 
 

@@ -84,6 +84,9 @@ class CaseResult:
     verdict: Verdict
     phases: tuple[PhaseResult, ...]
     work_dir: Path
+    #: the verdict is that of a sampled search (a power-loss save too large to enumerate): which
+    #: state it found, and so the restored step, may differ between runs; the verdict may too
+    sampled: bool = False
 
     @property
     def fault_fired(self) -> bool:

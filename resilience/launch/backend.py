@@ -90,6 +90,23 @@ class ProcessBackend(ABC):
     def start_rank(self, plan: PhasePlan, plan_path: Path, rank: int) -> RankProcess:
         """Start one rank, writing its stdout and stderr to ``plan.log_paths(rank)``."""
 
+    def start_warm(self, pool_dir: Path, world_size: int) -> list[RankProcess]:
+        """Every warm rank of a pool (`resilience.rank.warm_rank`) serving ``pool_dir``, or none.
+        Until its first restore a warm rank logs to ``pool_dir/rank<R>.out`` and ``.err``."""
+        ranks: list[RankProcess] = []
+        try:
+            for rank in range(world_size):
+                ranks.append(self.start_warm_rank(pool_dir, rank, world_size))
+        except BaseException:
+            for started in ranks:
+                started.destroy()
+            raise
+        return ranks
+
+    @abstractmethod
+    def start_warm_rank(self, pool_dir: Path, rank: int, world_size: int) -> RankProcess:
+        """Start one warm rank."""
+
 
 class PopenRank(RankProcess):
     def __init__(self, rank: int, popen: subprocess.Popen):
@@ -130,6 +147,15 @@ class SpawnBackend(ProcessBackend):
                 start_new_session=True)
         return PopenRank(rank, popen)
 
+    def start_warm_rank(self, pool_dir: Path, rank: int, world_size: int) -> RankProcess:
+        python = self.interpreter.python if self.interpreter else sys.executable
+        with open(pool_dir / f"rank{rank}.out", "wb") as out, open(pool_dir / f"rank{rank}.err", "wb") as err:
+            popen = subprocess.Popen(
+                [python, "-m", "resilience.rank.warm_rank", str(pool_dir), str(rank), str(world_size)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=rank_environment(self.interpreter),
+                start_new_session=True)
+        return PopenRank(rank, popen)
+
 
 class _ForkedRank(RankProcess):
     def __init__(self, rank: int, process):
@@ -140,6 +166,8 @@ class _ForkedRank(RankProcess):
         return self._process.exitcode
 
     def destroy(self) -> None:
+        if self._process._closed:  # destroyed already
+            return
         for kill in (lambda: os.killpg(self.pid, signal.SIGKILL), lambda: os.kill(self.pid, signal.SIGKILL)):
             try:  # the group once the rank called setsid; the process itself in case it had not yet
                 kill()
@@ -186,6 +214,12 @@ def _forked_rank(plan_path: str, rank: int, out_path: str, err_path: str) -> Non
     run_rank(plan_path, rank, out_path, err_path)
 
 
+def _forked_warm_rank(pool_dir: str, rank: int, world_size: int) -> None:
+    from ..rank.zygote import run_warm_rank
+
+    run_warm_rank(pool_dir, rank, world_size)
+
+
 class ForkServerBackend(ProcessBackend):
     """Ranks forked from a multiprocessing forkserver that preloaded torch and the worker
     (``resilience.rank.zygote``): about a tenth of a second per rank instead of seconds. Ranks are
@@ -201,6 +235,12 @@ class ForkServerBackend(ProcessBackend):
         out_path, err_path = plan.log_paths(rank)
         process = _RankProcess(target=_forked_rank, name=f"rank{rank}",
                                args=(str(plan_path), rank, str(out_path), str(err_path)))
+        process.start()
+        _track_forkserver_socket_dir()
+        return _ForkedRank(rank, process)
+
+    def start_warm_rank(self, pool_dir: Path, rank: int, world_size: int) -> RankProcess:
+        process = _RankProcess(target=_forked_warm_rank, name=f"warm{rank}", args=(str(pool_dir), rank, world_size))
         process.start()
         _track_forkserver_socket_dir()
         return _ForkedRank(rank, process)

@@ -35,7 +35,9 @@ def die_with_parent() -> None:
         os._exit(3)
 
 
-def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
+def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None:
+    """One rank of ``plan``. ``store``: the rendezvous store of a warm rank (`rank.warm_rank`: a
+    PrefixStore per restore); by default a FileStore at ``plan.store_path``."""
     import torch
     import torch.distributed as dist
 
@@ -86,7 +88,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog) -> None:
 
     owns_group = not dist.is_initialized()  # a launcher's entry (torchrun) may have joined already
     if owns_group:
-        store = dist.FileStore(plan.store_path, plan.world_size)
+        store = store if store is not None else dist.FileStore(plan.store_path, plan.world_size)
         dist.init_process_group(for_rank(rank).backend, store=store, rank=rank, world_size=plan.world_size,
                                 timeout=timedelta(seconds=plan.collective_timeout_s))
     events.emit("joined", world_size=plan.world_size, versions=_versions(), node=topology.node_of(rank),

@@ -13,7 +13,7 @@ os.environ.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM
 import torch  # noqa: E402
 import torch.distributed  # noqa: E402,F401
 
-from . import worker  # noqa: E402,F401  (and what it imports: the rank's whole import cost, paid once)
+from . import warm_rank, worker  # noqa: E402,F401  (and what they import: a rank's whole import cost, once)
 from .. import strategies, faults  # noqa: E402,F401
 from ..strategies import torch_native  # noqa: E402,F401
 
@@ -89,6 +89,19 @@ THREADS_AFTER_PRELOAD = native_thread_count()
 
 def run_rank(plan_path: str, rank: int, out_path: str, err_path: str) -> None:
     """Entry point of a forked rank: own session (so its group can be killed), own log files."""
+    _become_rank(out_path, err_path)
+    os._exit(worker.main(["worker", plan_path, str(rank)]))
+
+
+def run_warm_rank(pool_dir: str, rank: int, world_size: int) -> None:
+    """Entry point of a forked warm rank (`warm_rank.serve`)."""
+    from pathlib import Path
+
+    _become_rank(f"{pool_dir}/rank{rank}.out", f"{pool_dir}/rank{rank}.err")
+    os._exit(warm_rank.serve(Path(pool_dir), rank, world_size))
+
+
+def _become_rank(out_path: str, err_path: str) -> None:
     os.setsid()
     for fd, path in ((1, out_path), (2, err_path)):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -97,4 +110,3 @@ def run_rank(plan_path: str, rank: int, out_path: str, err_path: str) -> None:
     if THREADS_AFTER_PRELOAD != 1:
         os.write(2, f"unsafe fork: the forkserver had {THREADS_AFTER_PRELOAD} threads\n".encode())
         os._exit(70)
-    os._exit(worker.main(["worker", plan_path, str(rank)]))

@@ -6,11 +6,13 @@ One case with ``fault: {kind: power_loss, step: S}``:
 2. the first run, every rank tracing its IO (`resilience.faults.power_loss`), ending once the
    step-S save returned; the trace must rebuild the checkpoint directory byte for byte, or the
    case is a harness error (something wrote past the interception layer);
-3. Hypothesis draws crash points (`resilience.disk.crash_states`): per-rank cuts, lost metadata, what
-   became of each file's unsynced data. Each distinct disk state (by content hash) is materialised
-   as a real directory and restored by fresh real ranks (the case's restart), then judged by the
-   same oracle as every case. A verdict worse than the scenario expects is a failure, and
-   Hypothesis shrinks it to the smallest crash state that still gives it.
+3. every distinct disk state of the bounded crash model (`resilience.disk.enumeration`) is
+   materialised as a real directory and restored by real ranks (the case's restart), then judged
+   by the same oracle as every case; beyond the profile's budget, Hypothesis draws crash points
+   instead (`resilience.run.explore_search`) and shrinks a failure to the smallest crash state that
+   still gives it. Restores run in warm ranks (`resilience.run.warm_pool`) where the strategy says
+   it keeps nothing between loads; one state in ``CANARY_EVERY``, and the reported one, is restored
+   again by fresh ranks, and a disagreement discards every warm result (all restored afresh).
 
 What counts as saved: the step-S save counts as complete only where the cut lets every rank's
 ``save`` return (a power cut after the save returned everywhere); otherwise the newest complete
@@ -28,35 +30,38 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from collections.abc import Callable
 
-from ..disk.crash_states import BLOCK, HOW, CrashModel, CrashPoint, Loss
-from ..disk.state_tree import materialise, read_tree, remove_tree, state_hash
+from ..disk.crash_states import CrashModel, CrashPoint
+from ..disk.enumeration import distinct_states
+from ..disk.state_tree import read_tree, state_hash
 from ..errors import HarnessError
 from ..faults.power_loss import trace_dir
-from ..core.plan import FIRST_RUN, RESTART
+from ..core.plan import FIRST_RUN
 from ..core.case import Case, VerdictKind
 from ..core.records import CaseResult, PhaseResult, Verdict
-from ..launch.backend import backend_for_restart
+from ..launch.backend import ProcessBackend
 from ..oracle.judge import judge
+from .crash_restores import CrashRestores
+from .explore_search import search
 
 
-# A lost writeback is drawn as one or two 4 KiB blocks: wider holes hit a zip header more often,
-# which torch.load refuses, and tell less about whether a reader notices a hole.
-MAX_ZERO_BLOCKS = 2
 SEVERITY = {VerdictKind.RECOVERED: 0, VerdictKind.LOUD: 1, VerdictKind.HANG: 2, VerdictKind.SILENT: 3}
+CANARY_EVERY = 10  # one warm-restored state in ten (the last one first) and the reported one: again in fresh ranks
 
 
 @dataclass(frozen=True)
 class Profile:
-    """How much to explore: Hypothesis examples, and real restores (distinct disk states) at most."""
+    """How much to explore: distinct disk states enumerated at most (``states`` with warm restores,
+    ``restores`` with fresh ones), and beyond that Hypothesis examples and real restores."""
 
+    states: int
     examples: int
     restores: int
     derandomize: bool  # the same crash states on every run (CI)
 
 
 PROFILE_VARIABLE = "RESILIENCE_EXPLORE_PROFILE"  # overrides every case's fault.profile
-PROFILES = {"ci": Profile(examples=150, restores=60, derandomize=True),
-            "long": Profile(examples=400, restores=600, derandomize=False)}
+PROFILES = {"ci": Profile(states=120, examples=150, restores=60, derandomize=True),
+            "long": Profile(states=2000, examples=400, restores=600, derandomize=False)}
 
 
 @dataclass(frozen=True)
@@ -80,62 +85,41 @@ class Exploration:
     draws: int  # crash points drawn by Hypothesis (many give the same disk state)
     swept: int  # crash points of the sweep over every op boundary
     restores: int  # distinct disk states restored by real ranks
+    enumerated: int | None = None  # distinct disk states of the bounded model, when all were explored
+    too_large: str = ""  # why the save was searched rather than enumerated
+    restored_in: str = "fresh ranks"
+    canaries: int = 0  # states restored again by fresh ranks
+    canary_note: str = ""  # a warm restore the fresh ranks disagreed with
 
     def counts(self) -> dict[str, int]:
         return dict(Counter(state.verdict.kind.value for state in self.states))
 
-
-class _WorseThanExpected(Exception):
-    def __init__(self, state: StateResult):
-        super().__init__(state.verdict.kind.value)
-        self.state = state
-
-
-def crash_points(model: CrashModel):
-    """The Hypothesis strategy of crash points of ``model``'s save; simplest first (shrinks to
-    early cuts, nothing lost)."""
-    from hypothesis import strategies as st
-
-    boundaries = model.boundaries()
-
-    @st.composite
-    def draw_point(draw) -> CrashPoint:
-        # integers, not sampled_from: Hypothesis draws the ends (no op done, every op done) often
-        cuts = model.cuts_at(boundaries[draw(st.integers(0, len(boundaries) - 1))])
-        volatile = model.volatile(cuts)
-        lost_metadata = draw(st.integers(0, len(volatile.metadata)))
-        dirty = {path: (unsynced, size) for path, unsynced, size in volatile.dirty}
-        if draw(st.booleans()):  # every file draws its own fate, as after a real power cut
-            fates = [(path, draw(st.sampled_from(HOW))) for path in dirty]
-        else:  # one or two files lose data, the rest reach the disk: what shrinking ends on
-            lossy = draw(st.lists(st.sampled_from(list(dirty)), unique=True, max_size=2)) if dirty else []
-            fates = [(path, draw(st.sampled_from(HOW[1:]))) for path in dirty if path in lossy]
-        losses = []
-        for path, how in fates:
-            unsynced, size = dirty[path]
-            if how == "prefix" and unsynced:
-                losses.append(Loss(path, how, keep_bytes=draw(st.integers(0, unsynced - 1))))
-            elif how == "zeros" and size:
-                blocks = (size + BLOCK - 1) // BLOCK
-                first = draw(st.integers(0, blocks - 1))
-                count = draw(st.integers(1, min(MAX_ZERO_BLOCKS, blocks - first)))
-                losses.append(Loss(path, how, zero_from=first * BLOCK, zero_to=min(size, (first + count) * BLOCK)))
-            elif how == "drop":
-                losses.append(Loss(path, how))
-        return CrashPoint(cuts=cuts, lost_metadata=lost_metadata, losses=tuple(losses))
-
-    return draw_point()
+    def summary(self, step: int) -> str:
+        if self.enumerated is not None:
+            how = (f"explored {self.restores} of {self.enumerated} distinct crash states (every op boundary, "
+                   f"every bounded loss: docs/exploration.md)")
+        else:
+            how = (f"too large to enumerate ({self.too_large}): {self.swept} crash points swept (every op "
+                   f"boundary, all or no volatile state lost), {self.draws} drawn by Hypothesis, "
+                   f"{self.restores} distinct disk states restored")
+        canary = (f"; {self.canaries} restored again by fresh ranks: same verdicts" if self.canaries and
+                  not self.canary_note else "")
+        return (f"power loss in the step-{step} save: {how}, in {self.restored_in}{canary}; judged "
+                f"{len(self.states)} ways (which ranks' saves had returned): "
+                + ", ".join(f"{kind} {n}" for kind, n in sorted(self.counts().items())))
 
 
 class Explorer:
     """Runs one power_loss case. ``run_phase(plan, case, backend=None)`` runs one phase of real
-    ranks (the harness's `Harness.run_phase`); ``keep``: keep each materialised crash state."""
+    ranks (the harness's `Harness.run_phase`); ``backend``: the harness's, for warm ranks (None:
+    fresh ranks only); ``keep``: keep each materialised crash state."""
 
     def __init__(self, run_phase: Callable[..., PhaseResult], keep: bool = False, profile: str | None = None,
-                 max_restores: int | None = None):
+                 max_restores: int | None = None, backend: ProcessBackend | None = None):
         self.run_phase, self.keep = run_phase, keep
         self.profile_name = profile
         self.max_restores = max_restores
+        self.backend = backend
 
     def run(self, case: Case, work_dir: Path, checkpoint_dir: Path, plan, reference: PhaseResult) -> CaseResult:
         if case.topology_changes:
@@ -153,107 +137,114 @@ class Explorer:
         if name not in PROFILES:
             raise HarnessError(f"${PROFILE_VARIABLE}: unknown exploration profile {name!r}; "
                                f"allowed: {', '.join(PROFILES)}")
-        profile = PROFILES[name]
-        exploration = self._explore(case, model, work_dir, plan, reference, first_run, profile)
+        restores = CrashRestores(case, plan, work_dir, self.run_phase, self.backend, self.keep)
+        try:
+            exploration = _explore(case, model, restores, reference, first_run, PROFILES[name], self.max_restores)
+        finally:
+            restores.close()
         reported = exploration.reported
-        summary = (f"power loss in the step-{step} save: {exploration.swept} crash points swept (every op "
-                   f"boundary, all or no volatile state lost), {exploration.draws} drawn by Hypothesis, "
-                   f"{exploration.restores} distinct disk states restored by real ranks, judged "
-                   f"{len(exploration.states)} ways (which ranks' saves had returned): "
-                   + ", ".join(f"{kind} {n}" for kind, n in sorted(exploration.counts().items())))
-        heading = ("crash state with this verdict (the smallest Hypothesis shrank to, or the sweep's "
-                   "earliest):" if exploration.failing else "worst crash state found:")
-        verdict = replace(reported.verdict, findings=(summary, heading) + tuple(
+        heading = ("crash state with this verdict (the first enumerated, or the smallest Hypothesis shrank to):"
+                   if exploration.failing else "worst crash state found:")
+        notes = (exploration.canary_note,) if exploration.canary_note else ()
+        verdict = replace(reported.verdict, findings=(exploration.summary(step),) + notes + (heading,) + tuple(
             f"  {line}" for line in reported.description) + reported.verdict.findings)
         (work_dir / "exploration.json").write_text(json.dumps(_report(exploration), indent=1))
         return CaseResult(case=case, verdict=verdict,
                           phases=(reference, _as_of(first_run, reported.point, model), reported.restart),
-                          work_dir=work_dir)
+                          work_dir=work_dir, sampled=exploration.enumerated is None)
 
-    def _explore(self, case: Case, model: CrashModel, work_dir: Path, plan, reference, first_run,
-                 profile: Profile) -> Exploration:
-        from hypothesis import HealthCheck, Phase, assume, given, settings, target
-        from hypothesis.errors import Unsatisfiable
 
-        budget = self.max_restores if self.max_restores is not None else profile.restores
-        restarts: dict[str, PhaseResult] = {}  # disk state -> its restore
-        judged: dict[tuple, StateResult] = {}  # (disk state, ranks whose save returned) -> result
-        order: list[StateResult] = []
-        draws = [0]
-        failed = [False]
-        expected = case.expect.verdict
+def _explore(case: Case, model: CrashModel, restores: CrashRestores, reference, first_run, profile: Profile,
+             max_restores: int | None) -> Exploration:
+    exploration = _explore_once(case, model, restores, reference, first_run, profile, max_restores)
+    if restores.pool is None:
+        return exploration
+    # Canaries: warm restores are claimed equal to fresh ones, not trusted to be
+    by_digest: dict[str, list[StateResult]] = {}
+    for state in exploration.states:
+        by_digest.setdefault(state.digest, []).append(state)
+    # the last restored (what most restores ran before) and every CANARY_EVERY-th before it
+    digests = list(by_digest)
+    chosen = [exploration.reported.digest] + [d for d in digests[::-1][::CANARY_EVERY]
+                                              if d != exploration.reported.digest]
+    fresh_restart = {}
+    for digest in chosen:
+        point = by_digest[digest][0].point
+        fresh_restart[digest] = restores.restore(*model.disk(point), digest, fresh=True)
+        for state in by_digest[digest]:
+            fresh = judge(case, reference, _as_of(first_run, state.point, model), fresh_restart[digest])
+            if fresh.kind != state.verdict.kind or fresh.restored_step != state.verdict.restored_step:
+                note = (f"warm ranks and fresh ranks disagreed on crash state {digest[:12]} (warm: "
+                        f"{state.verdict.kind.value} step {state.verdict.restored_step}, fresh: {fresh.kind.value} "
+                        f"step {fresh.restored_step}): {case.strategy.name} keeps state between restores in one "
+                        f"process, so every state was restored again by fresh ranks")
+                restores.pool.close()
+                restores.pool = None
+                again = _explore_once(case, model, restores, reference, first_run, profile, max_restores)
+                return replace(again, canary_note=note)
+    reported = replace(exploration.reported, restart=fresh_restart[exploration.reported.digest])
+    return replace(exploration, reported=reported, canaries=len(chosen))
 
-        def evaluate(point: CrashPoint) -> StateResult | None:
-            """The state's result (restored once per distinct disk state), or None past the
-            budget; shrinking a failure gets half the budget again."""
-            files, dirs = model.disk(point)
-            digest = state_hash(files, dirs)
-            if digest not in restarts:
-                if len(restarts) >= (budget + budget // 2 if failed[0] else budget):
-                    return None
-                restarts[digest] = self._restore(case, files, dirs, work_dir, plan, f"{len(restarts):04d}-{digest[:12]}")
-            # the same disk state is judged apart for each set of ranks whose save had returned
-            key = (digest, model.returned(point))
-            if key not in judged:
-                verdict = judge(case, reference, _as_of(first_run, point, model), restarts[digest])
-                judged[key] = StateResult(point=point, digest=digest, verdict=verdict, restart=restarts[digest],
-                                          description=tuple(model.describe(point)))
-                order.append(judged[key])
-            return replace(judged[key], point=point, description=tuple(model.describe(point)))
 
-        def worse(state: StateResult) -> bool:
-            return SEVERITY[state.verdict.kind] > SEVERITY[expected]
+def _explore_once(case: Case, model: CrashModel, restores: CrashRestores, reference, first_run, profile: Profile,
+                  max_restores: int | None) -> Exploration:
+    budget = max_restores if max_restores is not None else profile.restores
+    states_budget = max_restores if max_restores is not None else (
+        profile.states if restores.pool is not None else profile.restores)
+    restarts: dict[str, PhaseResult] = {}  # disk state -> its restore
+    judged: dict[tuple, StateResult] = {}  # (disk state, ranks whose save returned) -> result
+    order: list[StateResult] = []
+    failed = [False]
+    expected = case.expect.verdict
 
-        # Every instant at which an op ends, twice: all volatile state reached the disk (what
-        # killing every rank leaves), and none of it did. Cheap: many give the same disk state.
-        swept = [state for state in map(evaluate, model.sweep()) if state is not None]
+    def evaluate(point: CrashPoint, limit: int | None = None) -> StateResult | None:
+        """The state's result (restored once per distinct disk state), or None past the budget;
+        shrinking a failure gets half the budget again."""
+        files, dirs = model.disk(point)
+        digest = state_hash(files, dirs)
+        if digest not in restarts:
+            if limit is None and len(restarts) >= (budget + budget // 2 if failed[0] else budget):
+                return None
+            restarts[digest] = restores.restore(files, dirs, digest)
+        # the same disk state is judged apart for each set of ranks whose save had returned
+        key = (digest, model.returned(point))
+        if key not in judged:
+            verdict = judge(case, reference, _as_of(first_run, point, model), restarts[digest])
+            judged[key] = StateResult(point=point, digest=digest, verdict=verdict, restart=restarts[digest],
+                                      description=tuple(model.describe(point)))
+            order.append(judged[key])
+        return replace(judged[key], point=point, description=tuple(model.describe(point)))
 
-        @settings(max_examples=profile.examples, deadline=None, database=None, derandomize=profile.derandomize,
-                  suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-                  phases=(Phase.generate, Phase.target, Phase.shrink), print_blob=False)
-        @given(crash_points(model))
-        def property_holds(point: CrashPoint) -> None:
-            draws[0] += 1
-            state = evaluate(point)
-            assume(state is not None)
-            # Steer towards states the restore takes for the newest save: there a torn file
-            # is either noticed or loaded as if whole.
-            target(float(state.verdict.restored_step or 0), label="restored step")
-            if worse(state):
-                failed[0] = True
-                raise _WorseThanExpected(state)
+    def worse(state: StateResult) -> bool:
+        return SEVERITY[state.verdict.kind] > SEVERITY[expected]
 
-        shrunk = None
-        try:
-            property_holds()
-        except _WorseThanExpected as failure:
-            shrunk = failure.state
-        except Unsatisfiable:  # the budget was spent before Hypothesis drew a state of its own
-            pass
-        if not order:
-            raise HarnessError("the exploration restored no crash state")
-        # The worst failure: Hypothesis's shrunk one, or else the earliest of the sweep's.
-        failures = ([shrunk] if shrunk else []) + [state for state in swept if worse(state)]
-        if failures:
-            reported = max(failures, key=lambda state: SEVERITY[state.verdict.kind])
-            return Exploration(states=tuple(order), reported=reported, failing=True, draws=draws[0],
-                               swept=len(swept), restores=len(restarts))
-        worst = max(order, key=lambda state: SEVERITY[state.verdict.kind])
-        return Exploration(states=tuple(order), reported=worst, failing=False, draws=draws[0], swept=len(swept),
-                           restores=len(restarts))
-
-    def _restore(self, case: Case, files, dirs, work_dir: Path, plan, name: str) -> PhaseResult:
-        """Fresh real ranks restore one materialised disk state (the case's restart phase)."""
-        state_dir = work_dir / "crash_states" / name
-        materialise(files, dirs, state_dir)
-        restart_plan = replace(plan.make(RESTART, case.restart.world_size, "strategy", save=True,
-                                         rank_map=case.restart.rank_map, phase_dir=work_dir / "restores" / name),
-                               checkpoint_dir=str(state_dir))
-        try:
-            return self.run_phase(restart_plan, case, backend=backend_for_restart(case))
-        finally:
-            if not self.keep:
-                remove_tree(state_dir)
+    enumeration = distinct_states(model, states_budget)
+    if enumeration.complete:
+        for distinct in enumeration.states:
+            for point in distinct.points:
+                evaluate(point, limit=len(enumeration.states))
+        # the worst state, the newest step restored among equals, the first enumerated among those:
+        # the same in every run whatever the interleaving of the ranks' writes
+        reported = max(order, key=lambda s: (SEVERITY[s.verdict.kind], s.verdict.restored_step or -1,
+                                             -order.index(s)))
+        return Exploration(states=tuple(order), reported=reported, failing=worse(reported), draws=0, swept=0,
+                           restores=len(restarts), enumerated=len(enumeration.states),
+                           restored_in=restores.describe())
+    # Every instant at which an op ends, twice: all volatile state reached the disk (what
+    # killing every rank leaves), and none of it did. Cheap: many give the same disk state.
+    swept = [state for state in map(evaluate, model.sweep()) if state is not None]
+    shrunk, draws = search(model, evaluate, worse, profile.examples, profile.derandomize,
+                           lambda: failed.__setitem__(0, True))
+    if not order:
+        raise HarnessError("the exploration restored no crash state")
+    # The worst failure: Hypothesis's shrunk one, or else the earliest of the sweep's.
+    failures = ([shrunk] if shrunk else []) + [state for state in swept if worse(state)]
+    common = dict(states=tuple(order), draws=draws, swept=len(swept), restores=len(restarts),
+                  too_large=enumeration.too_large, restored_in=restores.describe())
+    if failures:
+        return Exploration(reported=max(failures, key=lambda state: SEVERITY[state.verdict.kind]), failing=True,
+                           **common)
+    return Exploration(reported=max(order, key=lambda state: SEVERITY[state.verdict.kind]), failing=False, **common)
 
 
 def _as_of(first_run: PhaseResult, point: CrashPoint, model: CrashModel) -> PhaseResult:
@@ -286,7 +277,9 @@ def _report(exploration: Exploration) -> dict:
                 "description": list(s.description), "findings": list(s.verdict.findings)}
 
     return {"time": time.time(), "swept": exploration.swept, "draws": exploration.draws,
-            "restores": exploration.restores,
+            "restores": exploration.restores, "enumerated": exploration.enumerated,
+            "too_large": exploration.too_large, "restored_in": exploration.restored_in,
+            "canaries": exploration.canaries, "canary_note": exploration.canary_note,
             "counts": exploration.counts(),
             "failing": exploration.failing, "reported": state(exploration.reported),
             "states": [state(s) for s in exploration.states]}

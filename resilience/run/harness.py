@@ -18,9 +18,9 @@ from .reference_cache import ReferenceCache, reference_key
 from ..core.case import Case
 from ..core.topology import Topology
 from ..core.records import CaseResult, PhaseResult
-from ..oracle.evidence import collect_phase, phase_events, stderr_tails, where_waiting
+from ..oracle.evidence import collect_phase, phase_events, stderr_tails
 from ..oracle.judge import judge
-from .supervisor import LocalRanks, deadline_after, supervise
+from .supervisor import LocalRanks, collect, deadline_after, supervise
 
 
 
@@ -30,11 +30,12 @@ class Harness:
 
     def __init__(self, backend: ProcessBackend | None = None, work_root: Path | None = None, keep: bool = False,
                  cache: ReferenceCache | None = None, explore_profile: str | None = None,
-                 explore_restores: int | None = None):
+                 explore_restores: int | None = None, explore_warm: bool = True):
         self.backend = backend or BACKENDS[DEFAULT_BACKEND]()
         self.work_root, self.keep, self.cache = work_root, keep, cache
         # power_loss cases: the explorer's profile (ci, long) and cap on restores, overriding the scenario's
         self.explore_profile, self.explore_restores = explore_profile, explore_restores
+        self.explore_warm = explore_warm  # False: every crash state restored by fresh ranks
 
     def run(self, case: Case) -> CaseResult:
         missing = registry.resolve("strategy", case.strategy.name).missing_for(case.strategy.options)
@@ -58,7 +59,8 @@ class Harness:
         if registry.resolve("fault", case.fault.kind).explores:
             from .explore import Explorer
 
-            return Explorer(self.run_phase, self.keep, self.explore_profile, self.explore_restores).run(
+            return Explorer(self.run_phase, self.keep, self.explore_profile, self.explore_restores,
+                            backend=self.backend if self.explore_warm else None).run(
                 case, work_dir, checkpoint_dir, plan, reference)
         fault = registry.resolve("fault", case.fault.kind)(case.fault)
         store = None
@@ -138,13 +140,7 @@ class Harness:
         expired = deadline_after(case.timeouts.phase_s)
         group = LocalRanks((backend or self.backend).start(plan, plan_path))
         watch = (lambda: supervisor.supervise(phase_events(plan), group.ranks)) if supervisor is not None else None
-        end = supervise(group, expired, watch)
-        result = collect_phase(plan, end.status, list(end.codes), end.elapsed_s)
-        if end.status == "deadline":
-            result = replace(result, hang_summary=tuple(
-                where_waiting(record, record.rank in end.stopped) for record in result.ranks
-                if record.returncode is None))
-        return result
+        return collect(plan, supervise(group, expired, watch))
 
 
 class _Planner:

@@ -13,9 +13,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dataclasses import replace
+
 from ..core import janitor
 from ..core.events import read_events
+from ..core.plan import PhasePlan
+from ..core.records import PhaseResult
 from ..launch.backend import RankProcess, is_stopped
+from ..oracle.evidence import collect_phase, where_waiting
 
 POLL_S = 0.02
 STACK_DUMP_WAIT_S = 1.0
@@ -71,6 +76,40 @@ class LocalRanks(RankGroup):
         return {r.rank: r.pid for r in self.ranks if r.poll() is None}
 
     def destroy(self) -> None:
+        for rank in self.ranks:
+            rank.destroy()
+
+
+class WarmRanks(RankGroup):
+    """A pool's live ranks (`resilience.run.warm_pool`) running one restore: a member is done once
+    ``answered(rank)`` gives the exit status a fresh rank would have had (0, or 1: it raised),
+    failed once its process exited without answering.
+
+    `destroy` ends the restore, not the processes, when every member answered and is still alive:
+    they stay for the next restore. Otherwise (a member died, hung, or exited because the restore
+    left state in it) every member is killed and ``spent`` is set: the pool starts new ones.
+    """
+
+    def __init__(self, ranks: Sequence[RankProcess], answered: Callable[[int], int | None]):
+        self.ranks, self.answered, self.spent = list(ranks), answered, False
+
+    def poll(self) -> list[int | None]:
+        codes = []
+        for rank in self.ranks:
+            code, answer = rank.poll(), self.answered(rank.rank)
+            if answer is not None:
+                codes.append(answer)
+            else:
+                codes.append(None if code is None else (code or 1))  # gone without an answer: failed
+        return codes
+
+    def live_ranks(self) -> dict[int, int]:
+        return {r.rank: r.pid for r in self.ranks if r.poll() is None and self.answered(r.rank) is None}
+
+    def destroy(self) -> None:
+        if all(self.answered(r.rank) is not None and r.poll() is None for r in self.ranks):
+            return
+        self.spent = True
         for rank in self.ranks:
             rank.destroy()
 
@@ -157,6 +196,17 @@ def supervise(group: RankGroup, expired: Callable[[], bool], watch: Callable[[],
     finally:
         group.destroy()
     return GroupEnd(status=status, codes=tuple(codes), stopped=stopped, elapsed_s=time.monotonic() - started)
+
+
+def collect(plan: PhasePlan, end: GroupEnd) -> PhaseResult:
+    """The phase's result from its ranks' files and how the group ended (at a deadline: where
+    each rank still running waits)."""
+    result = collect_phase(plan, end.status, list(end.codes), end.elapsed_s)
+    if end.status == "deadline":
+        result = replace(result, hang_summary=tuple(
+            where_waiting(record, record.rank in end.stopped) for record in result.ranks
+            if record.returncode is None))
+    return result
 
 
 def _grace(group: RankGroup) -> list[int | None]:

@@ -148,6 +148,19 @@ class CheckpointStrategy(ABC):
         reference cache is keyed on their source. A wrapper names its inner strategy's."""
         return (cls,)
 
+    #: whether one process may restore one checkpoint after another (each in a new process group)
+    #: and give what fresh processes give: then the crash-state explorer restores in warm ranks.
+    #: False where the strategy or its library keeps global state between loads (DeepSpeed's
+    #: engine and its ``deepspeed.comm`` backend). Claimed, not trusted: fresh ranks re-run a share
+    #: of the states and must agree (docs/exploration.md).
+    warm_restores: ClassVar[bool] = False
+
+    @classmethod
+    def restores_warm(cls, options: Mapping[str, Any]) -> bool:
+        """``warm_restores`` of the strategy configured with ``options`` (a wrapper: its inner's
+        too). Called in the harness."""
+        return cls.warm_restores
+
     def __init__(self, context: StrategyContext):
         self.context = context
 

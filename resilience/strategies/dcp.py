@@ -168,6 +168,7 @@ class DcpCheckpoint(CheckpointStrategy):
     ``overlap: true``, ``save(N)`` never waits (several saves in flight) and ``finish`` waits for all.
     """
 
+    warm_restores = True  # keeps nothing between loads: restored in warm ranks
     options = ("mode", "storage", "overlap", "part_size")
     option_values: ClassVar[Mapping[str, tuple[Any, ...]]] = {"mode": MODES, "storage": STORAGES,
                                                               "overlap": (False, True)}

@@ -132,6 +132,12 @@ class ManifestCheckpoint(CheckpointStrategy):
     def missing_for(cls, options: Mapping[str, Any]) -> str | None:
         return _inner_class(options["inner"]).missing_for(options.get("inner_options", {}))
 
+    warm_restores = True  # the manifest itself keeps nothing between loads; its inner may
+
+    @classmethod
+    def restores_warm(cls, options: Mapping[str, Any]) -> bool:
+        return _inner_class(options["inner"]).restores_warm(options.get("inner_options", {}))
+
     def __init__(self, context: StrategyContext):
         super().__init__(context)
         options = context.options

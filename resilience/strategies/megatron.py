@@ -40,6 +40,7 @@ CHECKPOINT_VERSION = 3.0
 class MegatronCheckpoint(CheckpointStrategy):
     """Megatron-LM's ``mp_rank_XX`` checkpoints of a model-parallel workload (``tp_mlp``)."""
 
+    warm_restores = True  # keeps nothing between loads: restored in warm ranks
     options = ("data_parallel_random_init",)
     option_values: ClassVar[dict[str, tuple[bool, ...]]] = {"data_parallel_random_init": (True, False)}
 

@@ -104,6 +104,7 @@ def newest_step_dir(root: Path) -> Path | None:
 class TorchSave(CheckpointStrategy):
     """What both torch schemes share: the stamped file content and the check loss read back."""
 
+    warm_restores = True  # keeps nothing between loads: restored in warm ranks
     records_version = True
     #: the evaluation loss the loaded file recorded at save time (None: nothing loaded, or not recorded)
     recorded_check_loss: float | None = None

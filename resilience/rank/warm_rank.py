@@ -1,0 +1,142 @@
+"""A warm rank: one live process that runs restore after restore, each in a new process group.
+
+`python -m resilience.rank.warm_rank POOL_DIR RANK WORLD_SIZE` (or forked from the fork server).
+The controller (`resilience.run.warm_pool`) hands out restores as files in ``POOL_DIR``:
+
+- ``job<N>.json`` (``{"plan": PATH}``, renamed into place): run restore N, a restart `PhasePlan`;
+- the rank answers ``done<N>.rank<R>`` (renamed into place) once restore N ended: the exit status
+  a fresh rank would have had (1: it raised; the error is in its events) and what the restore left
+  behind in this process (threads, child processes, signal handlers); it exits if it left anything:
+  a process whose state changed is not reused;
+- ``stop``: exit.
+
+Each restore joins its own process group through a PrefixStore (``restore<N>/``) over one TCPStore,
+writes its events and logs where the plan says, and destroys its group at the end, after an error
+too. A peer left waiting in a collective does not answer: the controller then replaces the group.
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from ..core.events import EventLog
+from ..core.plan import PhasePlan
+from .worker import die_with_parent, report_failure, run
+
+POLL_S = 0.002
+WATCHED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2, signal.SIGALRM)
+
+
+def job_path(pool_dir: Path, job: int) -> Path:
+    return pool_dir / f"job{job}.json"
+
+
+def done_path(pool_dir: Path, job: int, rank: int) -> Path:
+    return pool_dir / f"done{job}.rank{rank}"
+
+
+def answer(pool_dir: Path, job: int, rank: int) -> int | None:
+    """The exit status rank ``rank`` answered for restore ``job``, or None while it has not."""
+    try:
+        return json.loads(done_path(pool_dir, job, rank).read_text())["status"]
+    except FileNotFoundError:
+        return None
+
+
+def process_state() -> dict:
+    """What a restore must leave as it found it for the process to be reused."""
+    children = set()
+    for task in os.listdir("/proc/self/task"):
+        try:
+            children.update(Path(f"/proc/self/task/{task}/children").read_text().split())
+        except OSError:
+            pass
+    return {"threads": len(os.listdir("/proc/self/task")), "children": sorted(children),
+            "signals": [repr(signal.getsignal(signum)) for signum in WATCHED_SIGNALS]}
+
+
+def leftovers(before: dict, after: dict) -> list[str]:
+    """What differs between two `process_state`s, in words."""
+    found = []
+    if after["threads"] > before["threads"]:
+        found.append(f"{after['threads'] - before['threads']} more threads")
+    if after["children"]:
+        found.append(f"child processes {', '.join(after['children'])}")
+    if after["signals"] != before["signals"]:
+        found.append("signal handlers changed")
+    return found
+
+
+def serve(pool_dir: Path, rank: int, world_size: int) -> int:
+    import torch.distributed as dist
+
+    die_with_parent()
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    parent = os.getppid()
+    base_store = _pool_store(pool_dir, rank, world_size)
+    clean = process_state()
+    job = 0
+    while True:
+        path = job_path(pool_dir, job)
+        while not path.exists():
+            if (pool_dir / "stop").exists() or os.getppid() != parent:
+                return 0
+            time.sleep(POLL_S)
+        plan = PhasePlan.read(Path(json.loads(path.read_text())["plan"]))
+        _redirect_output(plan, rank)
+        events = EventLog(plan.events_path(rank), rank)
+        status = 0
+        try:
+            run(plan, rank, events, store=dist.PrefixStore(f"restore{job}/", base_store))
+        except Exception as exc:  # evidence for the verdict, as in a fresh rank, which exits 1
+            report_failure(events, exc)
+            status = 1
+            if dist.is_initialized():  # a peer in a collective sees the connection close and raises
+                dist.destroy_process_group()
+        except BaseException as exc:
+            report_failure(events, exc)
+            os._exit(1)
+        left = leftovers(clean, process_state())
+        answer = done_path(pool_dir, job, rank)
+        partial = answer.with_name(answer.name + ".tmp")
+        partial.write_text(json.dumps({"status": status, "leftovers": left}))
+        os.replace(partial, answer)
+        if left:
+            return 0
+        job += 1
+
+
+def _pool_store(pool_dir: Path, rank: int, world_size: int):
+    """One TCPStore on 127.0.0.1 for the pool's life, hosted by rank 0 on a free port it publishes
+    in ``pool_dir/port`` (under a FileStore, init_process_group timed out at random here)."""
+    import torch.distributed as dist
+
+    port_file = pool_dir / "port"
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+        partial = pool_dir / "port.tmp"
+        partial.write_text(str(store.port))
+        os.replace(partial, port_file)
+        return store
+    while not port_file.exists():
+        time.sleep(POLL_S)
+    return dist.TCPStore("127.0.0.1", int(port_file.read_text()), world_size, is_master=False)
+
+
+def _redirect_output(plan: PhasePlan, rank: int) -> None:
+    """This restore's stdout and stderr go to its own log files, as a fresh rank's do."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, log in zip((1, 2), plan.log_paths(rank)):
+        target = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+
+
+if __name__ == "__main__":
+    sys.exit(serve(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])))

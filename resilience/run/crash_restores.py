@@ -1,0 +1,56 @@
+"""Where the explorer's crash states are restored: materialised as a real directory, then restored
+by warm ranks (`resilience.run.warm_pool`) where the strategy says it keeps nothing between loads
+and runs under this interpreter, else by fresh ranks through the harness (also for the canaries)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from ..core import registry
+from ..core.case import Case
+from ..core.plan import RESTART
+from ..core.records import PhaseResult
+from ..disk.state_tree import materialise, remove_tree
+from ..launch.backend import ProcessBackend, backend_for_restart
+from .warm_pool import WarmPool
+
+
+class CrashRestores:
+    """Restores materialised crash states: in warm ranks where the strategy allows it, else (and
+    for the canaries) in fresh ones through the harness."""
+
+    def __init__(self, case: Case, plan, work_dir: Path, run_phase: Callable[..., PhaseResult],
+                 backend: ProcessBackend | None, keep: bool):
+        self.case, self.plan, self.work_dir, self.run_phase, self.keep = case, plan, work_dir, run_phase, keep
+        self.count = 0
+        warm = (backend is not None and backend_for_restart(case) is None
+                and registry.resolve("strategy", case.strategy.name).restores_warm(case.strategy.options))
+        self.pool = WarmPool(backend, work_dir / "warm", case.restart.world_size) if warm else None
+
+    def describe(self) -> str:
+        if self.pool is None:
+            return "fresh ranks (the strategy keeps state between loads, or runs under another interpreter)"
+        return f"warm ranks ({self.pool.groups_started} rank groups for {self.pool.restores} restores)"
+
+    def restore(self, files, dirs, digest: str, fresh: bool = False) -> PhaseResult:
+        name = f"{self.count:04d}-{'fresh-' if fresh else ''}{digest[:12]}"
+        self.count += 1
+        state_dir = self.work_dir / "crash_states" / name
+        materialise(files, dirs, state_dir)
+        case = self.case
+        restart_plan = replace(self.plan.make(RESTART, case.restart.world_size, "strategy", save=True,
+                                              rank_map=case.restart.rank_map,
+                                              phase_dir=self.work_dir / "restores" / name),
+                               checkpoint_dir=str(state_dir))
+        try:
+            if self.pool is not None and not fresh:
+                return self.pool.restore(restart_plan, case.timeouts.phase_s)
+            return self.run_phase(restart_plan, case, backend=backend_for_restart(case))
+        finally:
+            if not self.keep:
+                remove_tree(state_dir)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
