@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from multiprocessing import context as mp_context
 from multiprocessing import popen_forkserver, spawn
 from pathlib import Path
@@ -67,6 +68,19 @@ def is_stopped(pid: int) -> bool:
         return False
 
 
+def start_all(count: int, start_one: Callable[[int], RankProcess]) -> list[RankProcess]:
+    """Ranks 0..count-1, or none: those already started are destroyed if one fails to start."""
+    ranks: list[RankProcess] = []
+    try:
+        for rank in range(count):
+            ranks.append(start_one(rank))
+    except BaseException:
+        for started in ranks:
+            started.destroy()
+        raise
+    return ranks
+
+
 class ProcessBackend(ABC):
     """Starts the ranks of a phase.
 
@@ -76,15 +90,7 @@ class ProcessBackend(ABC):
 
     def start(self, plan: PhasePlan, plan_path: Path) -> list[RankProcess]:
         """Every rank of the phase, or none: ranks already started are destroyed if one fails to start."""
-        ranks: list[RankProcess] = []
-        try:
-            for rank in range(plan.world_size):
-                ranks.append(self.start_rank(plan, plan_path, rank))
-        except BaseException:
-            for started in ranks:
-                started.destroy()
-            raise
-        return ranks
+        return start_all(plan.world_size, lambda rank: self.start_rank(plan, plan_path, rank))
 
     @abstractmethod
     def start_rank(self, plan: PhasePlan, plan_path: Path, rank: int) -> RankProcess:
@@ -93,15 +99,7 @@ class ProcessBackend(ABC):
     def start_warm(self, pool_dir: Path, world_size: int) -> list[RankProcess]:
         """Every warm rank of a pool (`resilience.rank.warm_rank`) serving ``pool_dir``, or none.
         Until its first restore a warm rank logs to ``pool_dir/rank<R>.out`` and ``.err``."""
-        ranks: list[RankProcess] = []
-        try:
-            for rank in range(world_size):
-                ranks.append(self.start_warm_rank(pool_dir, rank, world_size))
-        except BaseException:
-            for started in ranks:
-                started.destroy()
-            raise
-        return ranks
+        return start_all(world_size, lambda rank: self.start_warm_rank(pool_dir, rank, world_size))
 
     @abstractmethod
     def start_warm_rank(self, pool_dir: Path, rank: int, world_size: int) -> RankProcess:

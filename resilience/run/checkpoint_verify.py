@@ -17,7 +17,7 @@ from typing import Any
 
 from ..core import janitor
 from ..core.events import read_events, tail
-from ..launch.backend import PopenRank, rank_environment
+from ..launch.backend import PopenRank, rank_environment, start_all
 from ..rank.checkpoint_check import CheckPlan
 from ..errors import ResilienceError
 from ..scenario.loader import load_document, load_file
@@ -93,18 +93,15 @@ def verify_checkpoint(checkpoint_dir: Path, case, step_check: bool = False, dead
 def _run_ranks(plan: CheckPlan, plan_path: Path, world_size: int, deadline_s: float, work: Path):
     """Start one checking rank per rank of the checkpoint and supervise them: the exit statuses,
     and whether they passed the deadline."""
-    ranks = []
-    try:
-        for rank in range(world_size):
-            with open(work / f"rank{rank}.out", "wb") as out, open(work / f"rank{rank}.err", "wb") as err:
-                popen = subprocess.Popen([sys.executable, "-m", CHECK_MODULE, str(plan_path), str(rank)],
-                                         stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=rank_environment(),
-                                         start_new_session=True)
-            ranks.append(PopenRank(rank, popen))
-    except BaseException:
-        for started in ranks:
-            started.destroy()
-        raise
+
+    def start_one(rank: int) -> PopenRank:
+        with open(work / f"rank{rank}.out", "wb") as out, open(work / f"rank{rank}.err", "wb") as err:
+            popen = subprocess.Popen([sys.executable, "-m", CHECK_MODULE, str(plan_path), str(rank)],
+                                     stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=rank_environment(),
+                                     start_new_session=True)
+        return PopenRank(rank, popen)
+
+    ranks = start_all(world_size, start_one)
     end = supervise(LocalRanks(ranks), deadline_after(deadline_s))
     return list(end.codes), end.status == "deadline"
 
