@@ -68,3 +68,12 @@ def test_loud_error_is_the_first_one_not_the_peers_consequence(tmp_path):
     result = run_case(tmp_path, fault=KILL_RANK1_TORN, expect="fails_loudly")
     assert result.verdict.first_error.rank == 1
     assert "Connection closed" not in result.verdict.first_error.message
+
+
+def test_a_fault_event_without_a_byte_offset_renders():
+    """A stalled or crashed writer fires at a file but at no byte: the report still renders it."""
+    from resilience.report.text import fault_text
+
+    event = {"kind": "overlapping_async", "rank": 1, "step": 5, "phase": "train", "file": "step_00000003/x"}
+    assert fault_text(event) == "overlapping_async on rank 1 at step 5 train/None in step_00000003/x"
+    assert fault_text({**event, "offset": 4096}).endswith("in step_00000003/x at byte 4096")

@@ -40,7 +40,7 @@ def render(result: CaseResult, reason: str = "") -> str:
         lines.append(f"first diverging step: {d.step} ({d.phase}, rank {d.rank}): "
                      f"reference {d.expected!r}, got {d.got!r}")
     for phase in result.phases:
-        fired = "; ".join(_fault_text(e) for e in phase.fault_events)
+        fired = "; ".join(fault_text(e) for e in phase.fault_events)
         lines.append(f"phase {phase.name}: {phase.status} in {phase.elapsed_s:.1f} s"
                      + (f"; fault fired: {fired}" if fired else ""))
     for phase in result.phases[1:]:
@@ -52,6 +52,7 @@ def render(result: CaseResult, reason: str = "") -> str:
     return "\n".join(lines)
 
 
-def _fault_text(event: dict) -> str:
-    where = f" in {event['file']} at byte {event['offset']}" if event.get("file") else ""
+def fault_text(event: dict) -> str:
+    at = f" at byte {event['offset']}" if "offset" in event else ""  # a stalled or crashed writer has no byte
+    where = f" in {event['file']}{at}" if event.get("file") else ""
     return f"{event['kind']} on rank {event['rank']} at step {event['step']} {event['phase']}/{event.get('point')}{where}"
