@@ -24,7 +24,7 @@ from pathlib import Path
 from ..core.elastic_layout import Incarnation, TorchrunLayout, write_atomically
 from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
 from ..core.events import EventLog
-from .worker import die_with_parent, report_failure
+from .worker import die_with_parent, redirect_output, report_failure
 
 USAGE = "usage: torchrun ... -m resilience.rank.elastic_entry CASE_DIR (written by resilience.run.torchrun)"
 
@@ -127,12 +127,7 @@ def _enter(plan: PhasePlan, rank: int) -> None:
     directory = Path(plan.phase_dir)
     directory.mkdir(parents=True, exist_ok=True)
     write_atomically(directory / "plan.json", json.dumps(asdict(plan), indent=1))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    for fd, path in zip((1, 2), plan.log_paths(rank)):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(target, fd)
-        os.close(target)
+    redirect_output(plan.log_paths(rank))
 
 
 if __name__ == "__main__":

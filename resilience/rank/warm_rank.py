@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..core.events import EventLog
 from ..core.plan import PhasePlan
-from .worker import die_with_parent, report_failure, run
+from .worker import die_with_parent, redirect_output, report_failure, run
 
 POLL_S = 0.002
 WATCHED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2, signal.SIGALRM)
@@ -88,7 +88,7 @@ def serve(pool_dir: Path, rank: int, world_size: int) -> int:
                 return 0
             time.sleep(POLL_S)
         plan = PhasePlan.read(Path(json.loads(path.read_text())["plan"]))
-        _redirect_output(plan, rank)
+        redirect_output(plan.log_paths(rank))
         events = EventLog(plan.events_path(rank), rank)
         status = 0
         try:
@@ -126,16 +126,6 @@ def _pool_store(pool_dir: Path, rank: int, world_size: int):
     while not port_file.exists():
         time.sleep(POLL_S)
     return dist.TCPStore("127.0.0.1", int(port_file.read_text()), world_size, is_master=False)
-
-
-def _redirect_output(plan: PhasePlan, rank: int) -> None:
-    """This restore's stdout and stderr go to its own log files, as a fresh rank's do."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    for fd, log in zip((1, 2), plan.log_paths(rank)):
-        target = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(target, fd)
-        os.close(target)
 
 
 if __name__ == "__main__":

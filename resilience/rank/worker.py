@@ -128,6 +128,17 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
         dist.destroy_process_group()
 
 
+def redirect_output(log_paths: tuple[Path, Path]) -> None:
+    """From now on this process's stdout and stderr (file descriptors 1 and 2, so native code's
+    output too) append to ``log_paths``, as a rank started with its logs does."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, path in zip((1, 2), log_paths):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+
+
 def use_private_temp_dir() -> None:
     """Temporary files of this rank and of every process its libraries start (multiprocessing's
     pymp-* directories and sockets, a writer's scratch files) go into a directory the harness
