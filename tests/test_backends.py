@@ -92,6 +92,9 @@ def test_shipped_smoke_tier_gives_identical_verdicts_under_both_backends(tmp_pat
         results = [harness.run(c) for c in cases]
         by_backend[name] = [(c.source, c.id, r.verdict.kind) for c, r in zip(cases, results)]
         findings[name] = {c.id + " " + c.source: r.verdict.findings for c, r in zip(cases, results)}
-    differing = {key: (findings["fork"][key], findings["spawn"][key]) for key in findings["fork"]
-                 if findings["fork"][key] != findings["spawn"][key]}
-    assert by_backend["fork"] == by_backend["spawn"], differing  # the evidence of each side
+    kinds = {name: {f"{c_id} {source}": kind for source, c_id, kind in rows} for name, rows in by_backend.items()}
+    differing = [f"{key}\n  fork:  {kinds['fork'][key].name} {findings['fork'][key]}"
+                 f"\n  spawn: {kinds['spawn'][key].name} {findings['spawn'][key]}"
+                 for key in findings["fork"] if kinds["fork"][key] != kinds["spawn"][key]]
+    if by_backend["fork"] != by_backend["spawn"]:
+        pytest.fail("the backends disagree; the evidence of each side, in full:\n" + "\n".join(differing))

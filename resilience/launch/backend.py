@@ -109,12 +109,16 @@ class ProcessBackend(ABC):
 class PopenRank(RankProcess):
     def __init__(self, rank: int, popen: subprocess.Popen):
         self.rank, self._popen, self.pid = rank, popen, popen.pid
+        self._destroyed = False
         self._track()
 
     def poll(self) -> int | None:
         return self._popen.poll()
 
     def destroy(self) -> None:
+        if self._destroyed:  # once reaped, the pid may already lead someone else's group
+            return
+        self._destroyed = True
         # The rank leads its own process group (start_new_session), so this also reaches helper
         # processes a library started; SIGKILL works on stopped processes too.
         try:

@@ -155,20 +155,26 @@ class FaultProxy:
         if named.get("expect", "").lower() == "100-continue":
             client.sendall(f"{version} 100 Continue\r\n\r\n".encode())
         body = wire.body(reader, named)
+        reply = None
         try:
-            entry.update(self._relay(client, method, target, version, headers, body, rule, pid))
+            outcome, reply = self._relay(method, target, version, headers, body, rule, pid)
+            entry.update(outcome)
         finally:
-            self._write(entry)
-            reader.close()
-            wire.close(client, reset=bool(rule and rule.action == "reset"))
+            self._write(entry)  # before the reply: a client that has its answer finds the request logged
+            try:
+                if reply is not None:
+                    client.sendall(reply)
+            finally:
+                reader.close()
+                wire.close(client, reset=bool(rule and rule.action == "reset"))
 
-    def _relay(self, client, method, target, version, headers, body, rule, pid) -> dict:
+    def _relay(self, method, target, version, headers, body, rule, pid) -> tuple[dict, bytes | None]:
+        """Forward one request (or answer it as ``rule`` says): what to log, and the reply to send."""
         action = rule.action if rule else None
         if action in ERRORS:
             sent = sum(len(piece) for piece in body)  # the body is read first, as S3 does
             status, reason, code, message = ERRORS[action]
-            client.sendall(wire.error_response(version, status, reason, code, message))
-            return {"status": status, "body_bytes": sent}
+            return {"status": status, "body_bytes": sent}, wire.error_response(version, status, reason, code, message)
         if action == "delay":
             time.sleep(rule.delay_s)
         cut = None
@@ -186,7 +192,7 @@ class FaultProxy:
                     sent = cut
                     if action == "kill":
                         self.kill(pid)
-                    return {"status": None, "body_bytes": sent, "cut": True}
+                    return {"status": None, "body_bytes": sent, "cut": True}, None
                 upstream.sendall(piece)
                 sent += len(piece)
             response = wire.read_all(upstream)
@@ -194,9 +200,8 @@ class FaultProxy:
             upstream.close()
         if action == "kill":  # the server did it; the client never hears so
             self.kill(pid)
-            return {"status": wire.status(response), "body_bytes": sent, "answer_withheld": True}
-        client.sendall(wire.close_header(response))
-        return {"status": wire.status(response), "body_bytes": sent}
+            return {"status": wire.status(response), "body_bytes": sent, "answer_withheld": True}, None
+        return {"status": wire.status(response), "body_bytes": sent}, wire.close_header(response)
 
     def _key(self, target: str) -> str:
         path = unquote(urlsplit(target).path).lstrip("/")
