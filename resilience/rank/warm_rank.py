@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..core.events import EventLog
 from ..core.plan import PhasePlan
-from .worker import die_with_parent, redirect_output, report_failure, run
+from .worker import die_with_parent, exit_now, redirect_output, report_failure, run
 
 POLL_S = 0.002
 WATCHED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2, signal.SIGALRM)
@@ -129,4 +129,4 @@ def _pool_store(pool_dir: Path, rank: int, world_size: int):
 
 
 if __name__ == "__main__":
-    sys.exit(serve(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])))
+    exit_now(serve(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])))

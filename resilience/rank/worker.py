@@ -205,5 +205,15 @@ def report_failure(events: EventLog, exc: BaseException) -> None:
     sys.stderr.flush()
 
 
+def exit_now(code: int) -> None:
+    """End a spawned rank as a forked one ends: without interpreter finalization. A process group
+    some object still holds is then destroyed during finalization, and gloo's threads trying to
+    take the GIL abort the process ("terminate called without an active exception", seen once in
+    a few hundred spawned ranks under load): a crash after the rank's work was done and reported."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    exit_now(main(sys.argv))

@@ -90,7 +90,7 @@ THREADS_AFTER_PRELOAD = native_thread_count()
 def run_rank(plan_path: str, rank: int, out_path: str, err_path: str) -> None:
     """Entry point of a forked rank: own session (so its group can be killed), own log files."""
     _become_rank(out_path, err_path)
-    os._exit(worker.main(["worker", plan_path, str(rank)]))
+    worker.exit_now(worker.main(["worker", plan_path, str(rank)]))
 
 
 def run_warm_rank(pool_dir: str, rank: int, world_size: int) -> None:
@@ -98,7 +98,7 @@ def run_warm_rank(pool_dir: str, rank: int, world_size: int) -> None:
     from pathlib import Path
 
     _become_rank(f"{pool_dir}/rank{rank}.out", f"{pool_dir}/rank{rank}.err")
-    os._exit(warm_rank.serve(Path(pool_dir), rank, world_size))
+    worker.exit_now(warm_rank.serve(Path(pool_dir), rank, world_size))
 
 
 def _become_rank(out_path: str, err_path: str) -> None:
