@@ -42,8 +42,19 @@ def done_path(pool_dir: Path, job: int, rank: int) -> Path:
 
 def answer(pool_dir: Path, job: int, rank: int) -> int | None:
     """The exit status rank ``rank`` answered for restore ``job``, or None while it has not."""
+    answered = _answer(pool_dir, job, rank)
+    return None if answered is None else answered["status"]
+
+
+def left_behind(pool_dir: Path, job: int, rank: int) -> list[str]:
+    """What restore ``job`` left in rank ``rank``'s process (it then exits instead of serving on)."""
+    answered = _answer(pool_dir, job, rank)
+    return [] if answered is None else answered["leftovers"]
+
+
+def _answer(pool_dir: Path, job: int, rank: int) -> dict | None:
     try:
-        return json.loads(done_path(pool_dir, job, rank).read_text())["status"]
+        return json.loads(done_path(pool_dir, job, rank).read_text())
     except FileNotFoundError:
         return None
 
@@ -56,15 +67,29 @@ def process_state() -> dict:
             children.update(Path(f"/proc/self/task/{task}/children").read_text().split())
         except OSError:
             pass
-    return {"threads": len(os.listdir("/proc/self/task")), "children": sorted(children),
+    return {"threads": sorted(_thread_names()), "children": sorted(children),
             "signals": [repr(signal.getsignal(signum)) for signum in WATCHED_SIGNALS]}
+
+
+def _thread_names() -> list[str]:
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
+        except OSError:  # ended meanwhile
+            pass
+    return names
 
 
 def leftovers(before: dict, after: dict) -> list[str]:
     """What differs between two `process_state`s, in words."""
     found = []
-    if after["threads"] > before["threads"]:
-        found.append(f"{after['threads'] - before['threads']} more threads")
+    if len(after["threads"]) > len(before["threads"]):
+        new = list(after["threads"])
+        for name in before["threads"]:
+            if name in new:
+                new.remove(name)
+        found.append(f"{len(after['threads']) - len(before['threads'])} more threads ({', '.join(new)})")
     if after["children"]:
         found.append(f"child processes {', '.join(after['children'])}")
     if after["signals"] != before["signals"]:

@@ -177,7 +177,9 @@ def _explore(case: Case, model: CrashModel, restores: CrashRestores, reference, 
                 note = (f"warm ranks and fresh ranks disagreed on crash state {digest[:12]} (warm: "
                         f"{state.verdict.kind.value} step {state.verdict.restored_step}, fresh: {fresh.kind.value} "
                         f"step {fresh.restored_step}): {case.strategy.name} keeps state between restores in one "
-                        f"process, so every state was restored again by fresh ranks")
+                        f"process, so every state was restored again by fresh ranks"
+                        + (f"; the warm restore's error: {state.restart.first_error.summary()[:300]}"
+                           if state.restart.first_error else ""))
                 restores.pool.close()
                 restores.pool = None
                 again = _explore_once(case, model, restores, reference, first_run, profile, max_restores)

@@ -85,13 +85,14 @@ class WarmRanks(RankGroup):
     ``answered(rank)`` gives the exit status a fresh rank would have had (0, or 1: it raised),
     failed once its process exited without answering.
 
-    `destroy` ends the restore, not the processes, when every member answered and is still alive:
-    they stay for the next restore. Otherwise (a member died, hung, or exited because the restore
+    `destroy` ends the restore, not the processes, when every member answered, left nothing behind
+    (``left_behind(rank)``) and is still alive: they stay for the next restore. Otherwise (a member died, hung, or exited because the restore
     left state in it) every member is killed and ``spent`` is set: the pool starts new ones.
     """
 
-    def __init__(self, ranks: Sequence[RankProcess], answered: Callable[[int], int | None]):
-        self.ranks, self.answered, self.spent = list(ranks), answered, False
+    def __init__(self, ranks: Sequence[RankProcess], answered: Callable[[int], int | None],
+                 left_behind: Callable[[int], list[str]]):
+        self.ranks, self.answered, self.left_behind, self.spent = list(ranks), answered, left_behind, False
 
     def poll(self) -> list[int | None]:
         codes = []
@@ -107,7 +108,9 @@ class WarmRanks(RankGroup):
         return {r.rank: r.pid for r in self.ranks if r.poll() is None and self.answered(r.rank) is None}
 
     def destroy(self) -> None:
-        if all(self.answered(r.rank) is not None and r.poll() is None for r in self.ranks):
+        # a member that answered with leftovers is exiting: asking whether it is alive would race it
+        if all(self.answered(r.rank) is not None and not self.left_behind(r.rank) and r.poll() is None
+               for r in self.ranks):
             return
         self.spent = True
         for rank in self.ranks:

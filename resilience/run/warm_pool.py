@@ -19,7 +19,7 @@ from ..core.plan import PhasePlan
 from ..core.records import PhaseResult
 from ..disk.state_tree import remove_tree
 from ..launch.backend import ProcessBackend, RankProcess
-from ..rank.warm_rank import answer, job_path
+from ..rank.warm_rank import answer, job_path, left_behind
 from .supervisor import WarmRanks, collect, deadline_after, supervise
 
 
@@ -55,7 +55,8 @@ class WarmPool:
         partial = pool_dir / f"job{job}.tmp"
         partial.write_text(json.dumps({"plan": str(plan_path)}))
         os.replace(partial, job_path(pool_dir, job))
-        group = WarmRanks(self._members, lambda rank: answer(pool_dir, job, rank))
+        group = WarmRanks(self._members, lambda rank: answer(pool_dir, job, rank),
+                          lambda rank: left_behind(pool_dir, job, rank))
         result = collect(plan, supervise(group, expired))
         self._job += 1
         self.restores += 1
