@@ -90,6 +90,10 @@ class WarmRanks(RankGroup):
     left state in it) every member is killed and ``spent`` is set: the pool starts new ones.
     """
 
+    # a warm restore takes 10-20 ms: polling at the phases' 20 ms would double it; a poll reads
+    # one small file per member
+    poll_s = 0.002
+
     def __init__(self, ranks: Sequence[RankProcess], answered: Callable[[int], int | None],
                  left_behind: Callable[[int], list[str]]):
         self.ranks, self.answered, self.left_behind, self.spent = list(ranks), answered, left_behind, False
@@ -218,7 +222,7 @@ def _grace(group: RankGroup) -> list[int | None]:
     until = time.monotonic() + TEARDOWN_GRACE_S
     codes = group.poll()
     while time.monotonic() < until and any(code is None for code in codes):
-        time.sleep(POLL_S)
+        time.sleep(group.poll_s)
         codes = group.poll()
     return codes
 
