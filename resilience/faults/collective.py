@@ -5,8 +5,8 @@ trainers inject (torchft fails an all-reduce; NVRx raises into the job).
 all-reduce on both ranks succeeds (pytorch/pytorch#130345; tests/test_collective_failure.py shows
 it). So the fault fails the collective below the process group, or at its entry:
 
-- ``how: transport`` (default): every TCP connection of the rank (gloo's pairs to its peers; the
-  rendezvous is a FileStore and holds none) is shut down with ``shutdown(SHUT_RDWR)``: the kernel
+- ``how: transport`` (default): every established TCP connection of the rank (gloo's pairs to its
+  peers; the rendezvous is a FileStore and holds none) is shut down with ``shutdown(SHUT_RDWR)``: the kernel
   ends the streams, and gloo on both sides meets a closed connection in its next collective;
 - ``how: raise``: the rank's next ``all_reduce`` or ``barrier`` call raises
   `resilience.errors.InjectedCollectiveFailure` before entering gloo, as a wrapper that injects an
@@ -25,15 +25,20 @@ HOWS = ("transport", "raise")
 WRAPPED = ("all_reduce", "barrier")
 
 
+ESTABLISHED = "01"  # the st column of /proc/net/tcp
+
+
 def tcp_socket_fds() -> list[int]:
-    """The file descriptors of this process's TCP sockets (from /proc: inode -> fd)."""
+    """The file descriptors of this process's established TCP connections (from /proc: inode -> fd).
+    Listening sockets are left alone: a network failure ends connections, and gloo's listener thread
+    aborts the process when its socket is shut down (``accept: Invalid argument``, torch 2.13)."""
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             lines = Path(table).read_text().splitlines()[1:]
         except OSError:
             continue
-        inodes.update(line.split()[9] for line in lines if len(line.split()) > 9)
+        inodes.update(fields[9] for fields in map(str.split, lines) if len(fields) > 9 and fields[3] == ESTABLISHED)
     found = []
     for entry in os.scandir("/proc/self/fd"):
         try:

@@ -130,6 +130,13 @@ CATCHERS: tuple[Catcher, ...] = (
             {"workload": {**TWO_RANKS, "steps": 8}, "fault": {"kind": "gil_hang", "rank": 1, "step": 8},
              "timeouts": {"collective": 5, "phase": 25}},  # short: the hang planted here costs one deadline
             frozenset({RECOVERED, LOUD})),
+    Catcher("failed_all_reduce", "rank 1's TCP connections (gloo's pairs) shut down as step 6 trains, per-rank "
+            "RNG streams: both ranks fail in the gradient all-reduce; the restart must resume from a state "
+            "some step ended in (step 4)",
+            {"workload": {**TWO_RANKS, "steps": 8, "rank_rng": "distinct"},
+             "fault": {"kind": "collective_failure", "how": "transport", "rank": 1, "step": 6, "phase": "train"},
+             "timeouts": {"collective": 10, "phase": 60}},
+            frozenset({RECOVERED, LOUD})),
     Catcher("saves_in_flight", "DCP-shaped async saves every step; rank 1's writes stall from the step-3 save "
             "on and it is killed with two saves in flight: a refusal beside a committed step fails",
             {"workload": {**TWO_RANKS, "steps": 6, "checkpoint_every": 1},
@@ -184,6 +191,9 @@ BUGS: tuple[PlantedBug, ...] = (
                ASYNC_BUG + "PointerBeforeEveryShard", "shard_missing_at_marker", TWIN + "DurableShardsThenPointer"),
     PlantedBug("peer_wait_without_deadline", "a save that polls for its peers' files with no deadline",
                STORAGE_BUG + "PollsForPeersForever", "unresponsive_peer", PER_RANK),
+    PlantedBug("mid_step_emergency_save", "an emergency checkpoint saved from a failed step's exception handler: "
+               "the step's batch and noise already drawn", STATE_BUG + "SavesMidStepOnFailure", "failed_all_reduce",
+               PER_RANK),
     PlantedBug("pointer_to_uncommitted_save", "a `latest` pointer moved when an async save returns, before its "
                "write is committed", ASYNC_BUG + "PointsAtUncommittedSave", "saves_in_flight",
                {"name": "dcp", "options": {"mode": "async", "overlap": True}}),

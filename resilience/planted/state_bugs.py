@@ -195,3 +195,27 @@ def _rebuild(template: Any, slices: list[Any], world: int) -> Any:
     if isinstance(template, (list, tuple)):
         return type(template)(_rebuild(item, [s[i] for s in slices], world) for i, item in enumerate(template))
     return slices[0]
+
+
+# -- a failure handled by saving ------------------------------------------------------------------
+
+
+class SavesMidStepOnFailure(PerRankSave):
+    """An emergency checkpoint written from the handler of a failed training step (a fault-tolerant
+    loop saving what it has before it dies): the step's batch was already drawn, its noise already
+    taken from the RNG stream, so the file holds a state no step ever ended in, labelled with the
+    last completed step. Restored, it is neither that step nor the next."""
+
+    def prepare(self, workload: Workload) -> Workload:
+        train_step = workload.train_step
+
+        def saving_on_failure() -> float:
+            try:
+                return train_step()
+            except Exception:
+                self.file_path(workload.step).parent.mkdir(parents=True, exist_ok=True)
+                torch.save(self.file_content(workload), self.file_path(workload.step))  # the bug: mid-step state
+                raise
+
+        workload.train_step = saving_on_failure
+        return workload
