@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from resilience.planted.durable import AtomicFallbackSave, DurableShardsThenPointer  # noqa: F401 -- re-exported
+from resilience.planted.durable import fsync_directory, write_durably
 from resilience.planted.state_bugs import (  # noqa: F401 -- re-exported for the tests' targets
     ForgetsOptimizer,
     LoadsByLocalRank,
@@ -34,6 +35,19 @@ class StallsOnLoad(PerRankSave):
         if self.context.rank == 1:
             time.sleep(3600)
         super().load(workload)
+
+
+class DurableWithoutFallback(PerRankSave):
+    """Every per-rank file durable (temp name, fsync, rename, both directories fsynced) before the
+    barrier; the restore takes the newest step directory and refuses it when a file is missing or
+    torn, never trying the older complete step."""
+
+    def save(self, workload, step):
+        path = self.file_path(step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_durably(path, lambda file: torch.save(self.file_content(workload), file))
+        fsync_directory(path.parent.parent)
+        dist.barrier()
 
 
 class DcpPerStep(CheckpointStrategy):

@@ -264,6 +264,13 @@ def test_a_careful_strategy_recovers_from_every_crash_state_drawn(tmp_path):
     assert {state["point"]["cuts"][0] for state in report["states"]} != {0}  # it did cut inside the save
 
 
+def test_a_refused_crash_state_beside_an_intact_older_step_says_so(tmp_path):
+    result, _ = explore(tmp_path, "DurableWithoutFallback", "fails_loudly", restores=16)
+    verdict = result.verdict
+    assert verdict.kind is VerdictKind.LOUD and verdict.intact_step == 4, verdict.findings
+    assert any(finding.startswith("refused; step 4 was intact and never tried") for finding in verdict.findings)
+
+
 def test_a_rename_without_a_directory_fsync_loses_a_checkpoint_whose_save_returned(tmp_path):
     result, report = explore(tmp_path, "AtomicFallbackSave", "fails_loudly", restores=30)
     assert result.verdict.kind is VerdictKind.SILENT, result.verdict.findings

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..core import registry
 from ..core.case import Case
-from ..core.plan import RESTART
+from ..core.plan import FALLBACK, RESTART
 from ..core.records import PhaseResult
 from ..disk.state_tree import materialise, remove_tree
 from ..launch.backend import ProcessBackend, backend_for_restart
@@ -47,6 +47,23 @@ class CrashRestores:
             if self.pool is not None and not fresh:
                 return self.pool.restore(restart_plan, case.timeouts.phase_s)
             return self.run_phase(restart_plan, case, backend=backend_for_restart(case))
+        finally:
+            if not self.keep:
+                remove_tree(state_dir)
+
+    def restore_step(self, files, dirs, digest: str, step: int) -> PhaseResult:
+        """The availability probe of a refused restore (`resilience.run.availability`): the crash
+        state again, its step ``step`` restored with ``load_step`` in fresh ranks."""
+        name = f"{self.count:04d}-{FALLBACK}-{step}-{digest[:12]}"
+        self.count += 1
+        state_dir = self.work_dir / "crash_states" / name
+        materialise(files, dirs, state_dir)
+        case = self.case
+        plan = replace(self.plan.make(FALLBACK, case.restart.world_size, "step", snapshot_step=step,
+                                      rank_map=case.restart.rank_map, phase_dir=self.work_dir / "restores" / name),
+                       checkpoint_dir=str(state_dir))
+        try:
+            return self.run_phase(plan, case, backend=backend_for_restart(case))
         finally:
             if not self.keep:
                 remove_tree(state_dir)

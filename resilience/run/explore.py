@@ -40,6 +40,7 @@ from ..core.case import Case, VerdictKind
 from ..core.records import CaseResult, PhaseResult, Verdict
 from ..launch.backend import ProcessBackend
 from ..oracle.judge import judge
+from . import availability
 from .crash_restores import CrashRestores
 from .explore_search import search
 
@@ -140,9 +141,9 @@ class Explorer:
         restores = CrashRestores(case, plan, work_dir, self.run_phase, self.backend, self.keep)
         try:
             exploration = _explore(case, model, restores, reference, first_run, PROFILES[name], self.max_restores)
+            reported = _with_availability(case, model, restores, reference, first_run, exploration.reported)
         finally:
             restores.close()
-        reported = exploration.reported
         heading = ("crash state with this verdict (the first enumerated, or the smallest Hypothesis shrank to):"
                    if exploration.failing else "worst crash state found:")
         notes = (exploration.canary_note,) if exploration.canary_note else ()
@@ -247,6 +248,17 @@ def _explore_once(case: Case, model: CrashModel, restores: CrashRestores, refere
         return Exploration(reported=max(failures, key=lambda state: SEVERITY[state.verdict.kind]), failing=True,
                            **common)
     return Exploration(reported=max(order, key=lambda state: SEVERITY[state.verdict.kind]), failing=False, **common)
+
+
+def _with_availability(case: Case, model: CrashModel, restores: CrashRestores, reference: PhaseResult,
+                       first_run: PhaseResult, reported: StateResult) -> StateResult:
+    """The reported state, judged again where its restore refused and an older checkpoint in it was intact."""
+    files, dirs = model.disk(reported.point)
+    as_of = _as_of(first_run, reported.point, model)
+    intact, _ = availability.probe(case, as_of, reported.restart, reference,
+                                   lambda step: restores.restore_step(files, dirs, reported.digest, step))
+    return reported if intact is None else replace(
+        reported, verdict=judge(case, reference, as_of, reported.restart, intact_step=intact))
 
 
 def _as_of(first_run: PhaseResult, point: CrashPoint, model: CrashModel) -> PhaseResult:
