@@ -31,6 +31,12 @@ def test_a_refusal_beside_an_intact_step_fails_only_where_fallback_is_required(t
     optional = type(result)(case=case_from(fault=REFUSED, workload={"steps": 12}, expect="fails_loudly"),
                             verdict=verdict, phases=result.phases, work_dir=result.work_dir)
     assert judge_case(optional).status == "passed"
+    pinned = type(result)(case=case_from(fault=REFUSED, workload={"steps": 12},
+                                         expect={"outcome": "fails_loudly", "fallback": "required"},
+                                         known_issue={"verdict": "LOUD", "reason": "refuses", "link": "https://x"}),
+                          verdict=verdict, phases=result.phases, work_dir=result.work_dir)
+    outcome = judge_case(pinned)
+    assert outcome.status == "xfailed" and "step 4 was intact" in outcome.reason  # a pinned refusal
 
 
 def test_no_older_checkpoint_means_nothing_to_fall_back_to(tmp_path):
