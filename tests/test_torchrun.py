@@ -65,6 +65,10 @@ def test_a_torn_checkpoint_restored_under_torchrun_is_loud(tmp_path):
     assert result.verdict.kind is VerdictKind.LOUD, result.verdict.findings
     error = result.verdict.first_error
     assert error.phase == "restart" and "central directory" in error.summary()
+    # availability inside LOUD under torchrun too: step 4 restored and verified by fresh local ranks
+    assert result.verdict.intact_step == 4, result.verdict.findings
+    assert any(finding.startswith("refused; step 4 was intact") for finding in result.verdict.findings)
+    assert [p.name for p in result.phases][-1] == "fallback"
 
 
 def test_a_job_without_a_fault_is_resumed_by_a_second_launch_and_verifies(tmp_path):

@@ -36,6 +36,7 @@ from ..core.case import Case
 from ..core.events import read_events, tail
 from ..oracle.evidence import collect_phase, stderr_tails, where_waiting
 from ..oracle.judge import judge
+from .local_probe import probe_in_local_ranks
 from .supervisor import AgentLaunch, supervise
 
 STARTUP_S = 120.0  # torchrun's start, rendezvous and `import torch` on busy machines
@@ -154,11 +155,16 @@ class _Driver:
                 if hang or not self._needs_resume():
                     break
             phases = self._phases(hang)
+            intact, probes = (probe_in_local_ranks(self.case, self.layout.case_file, self.layout.checkpoint_dir,
+                                                   self.layout.case_dir, phases)
+                              if self.options.nnodes == 1 else (None, ()))  # one node sees every file
             found = fault.findings(env, tuple(phases))
         finally:
             fault.teardown(env)
-        return CaseResult(case=self.case, verdict=judge(self.case, *phases[:3], fault_findings=found),
-                          phases=tuple(phases), work_dir=self.layout.case_dir)
+        return CaseResult(case=self.case, verdict=judge(self.case, *phases[:3], fault_findings=found,
+                                                        intact_step=intact),
+                          phases=tuple(phases) + probes, work_dir=self.layout.case_dir)
+
 
     # -- before the launch ------------------------------------------------------------------------
     def _prepare(self) -> None:

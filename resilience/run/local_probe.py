@@ -1,0 +1,30 @@
+"""Availability inside LOUD for a job the harness did not start (torchrun): after a refused
+restore, each older step is restored with ``load_step`` by fresh local ranks (`run.availability`)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..core.case import Case
+from ..core.plan import FALLBACK, PhasePlan
+from ..core.records import PhaseResult
+from ..launch.backend import backend_for_restart
+from . import availability
+from .harness import Harness
+
+
+def probe_in_local_ranks(case: Case, case_file: Path, checkpoint_dir: Path, work_dir: Path,
+                         phases: list[PhaseResult]) -> tuple[int | None, tuple[PhaseResult, ...]]:
+    """``phases``: the job's reference, first run and restart. The newest intact older step (None:
+    none, or not probed) and the probe phases, each in ``work_dir/fallback_step_<N>``."""
+
+    def run_step(step: int) -> PhaseResult:
+        phase_dir = work_dir / f"{FALLBACK}_step_{step}"
+        plan = PhasePlan(name=FALLBACK, case_file=str(case_file), world_size=case.restart.world_size,
+                         store_path=str(phase_dir / "store"), checkpoint_dir=str(checkpoint_dir),
+                         phase_dir=str(phase_dir), start="step", save=True, inject=False, record_states=False,
+                         snapshot_dir=None, snapshot_step=step, rank_map=case.restart.rank_map,
+                         collective_timeout_s=case.timeouts.collective_s)
+        return Harness().run_phase(plan, case, backend=backend_for_restart(case))
+
+    reference, first_run, restart = phases[:3]
+    return availability.probe(case, first_run, restart, reference, run_step)
