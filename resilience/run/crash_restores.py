@@ -34,36 +34,31 @@ class CrashRestores:
         return f"warm ranks ({self.pool.groups_started} rank groups for {self.pool.restores} restores)"
 
     def restore(self, files, dirs, digest: str, fresh: bool = False) -> PhaseResult:
-        name = f"{self.count:04d}-{'fresh-' if fresh else ''}{digest[:12]}"
-        self.count += 1
-        state_dir = self.work_dir / "crash_states" / name
-        materialise(files, dirs, state_dir)
-        case = self.case
-        restart_plan = replace(self.plan.make(RESTART, case.restart.world_size, "strategy", save=True,
-                                              rank_map=case.restart.rank_map,
-                                              phase_dir=self.work_dir / "restores" / name),
-                               checkpoint_dir=str(state_dir))
-        try:
-            if self.pool is not None and not fresh:
-                return self.pool.restore(restart_plan, case.timeouts.phase_s)
-            return self.run_phase(restart_plan, case, backend=backend_for_restart(case))
-        finally:
-            if not self.keep:
-                remove_tree(state_dir)
+        warm = self.pool is not None and not fresh
+        return self._in_state(files, dirs, f"{'fresh-' if fresh else ''}{digest[:12]}", RESTART, "strategy", None,
+                              lambda plan: self.pool.restore(plan, self.case.timeouts.phase_s) if warm else None)
 
     def restore_step(self, files, dirs, digest: str, step: int) -> PhaseResult:
         """The availability probe of a refused restore (`resilience.run.availability`): the crash
         state again, its step ``step`` restored with ``load_step`` in fresh ranks."""
-        name = f"{self.count:04d}-{FALLBACK}-{step}-{digest[:12]}"
+        return self._in_state(files, dirs, f"{FALLBACK}-{step}-{digest[:12]}", FALLBACK, "step", step,
+                              lambda plan: None)
+
+    def _in_state(self, files, dirs, label: str, phase: str, start: str, step: int | None, warm) -> PhaseResult:
+        """Materialise the state, run ``phase`` on it (``warm(plan)``: its result from the warm pool,
+        or None: in fresh ranks through the harness), remove the state unless kept."""
+        name = f"{self.count:04d}-{label}"
         self.count += 1
         state_dir = self.work_dir / "crash_states" / name
         materialise(files, dirs, state_dir)
         case = self.case
-        plan = replace(self.plan.make(FALLBACK, case.restart.world_size, "step", snapshot_step=step,
-                                      rank_map=case.restart.rank_map, phase_dir=self.work_dir / "restores" / name),
+        plan = replace(self.plan.make(phase, case.restart.world_size, start, save=phase == RESTART,
+                                      snapshot_step=step, rank_map=case.restart.rank_map,
+                                      phase_dir=self.work_dir / "restores" / name),
                        checkpoint_dir=str(state_dir))
         try:
-            return self.run_phase(plan, case, backend=backend_for_restart(case))
+            result = warm(plan)
+            return result if result is not None else self.run_phase(plan, case, backend=backend_for_restart(case))
         finally:
             if not self.keep:
                 remove_tree(state_dir)

@@ -21,7 +21,7 @@ def probe_in_local_ranks(case: Case, case_file: Path, checkpoint_dir: Path, work
         phase_dir = work_dir / f"{FALLBACK}_step_{step}"
         plan = PhasePlan(name=FALLBACK, case_file=str(case_file), world_size=case.restart.world_size,
                          store_path=str(phase_dir / "store"), checkpoint_dir=str(checkpoint_dir),
-                         phase_dir=str(phase_dir), start="step", save=True, inject=False, record_states=False,
+                         phase_dir=str(phase_dir), start="step", save=False, inject=False, record_states=False,
                          snapshot_dir=None, snapshot_step=step, rank_map=case.restart.rank_map,
                          collective_timeout_s=case.timeouts.collective_s)
         return Harness().run_phase(plan, case, backend=backend_for_restart(case))
