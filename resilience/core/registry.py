@@ -14,6 +14,7 @@ STRATEGIES = {
     "deepspeed.zero2": "resilience.strategies.deepspeed_zero:Zero2",
     "deepspeed.zero3": "resilience.strategies.deepspeed_zero:Zero3",
     "megatron": "resilience.strategies.megatron:MegatronCheckpoint",
+    "megatron_core": "resilience.strategies.megatron_core:MegatronCoreCheckpoint",
     "dcp": "resilience.strategies.dcp:DcpCheckpoint",
     "manifest": "resilience.strategies.manifest:ManifestCheckpoint",
     "lightning": "resilience.strategies.lightning:LightningCheckpoint",
