@@ -61,6 +61,8 @@ class MegatronCoreCheckpoint(CheckpointStrategy):
                                                           "strict": STRICT_MODES}
     requires = {"megatron": "pip install 'resilience[megatron]'"}
     records_version = True
+    # a load keeps nothing for the next (a reader per load; the cached results queue is the save's)
+    warm_restores = True
 
     def prepare(self, workload: Workload) -> Workload:
         if not workload.model_parallel:
