@@ -88,12 +88,15 @@ class TraceWriter:
         self._seq = 0
         # a forked writer ends with os._exit (multiprocessing's children do): nothing may wait in a buffer
         self._flush_each = bool(source)
+        self._closed = False
 
     def follow_forks(self) -> None:
         """A process the rank forks (megatron-core's writer workers) records into trace files of its
         own (flushed before the fork, so nothing buffered is written twice); ``read_trace`` merges
         them into the rank's ops by the one monotonic clock."""
         def in_child() -> None:
+            if self._closed:  # a fork after the trace ended: nothing to follow
+                return
             self._ops.close()  # the child's copies of the rank's files, empty after the flush
             self._data.close()
             self.__init__(self.directory, self.rank, f"fork{os.getpid()}")
@@ -115,11 +118,14 @@ class TraceWriter:
 
     def flush(self) -> None:
         """Make the trace complete on disk (a rank may end with os._exit right after)."""
+        if self._closed:
+            return
         self._data.flush()
         self._ops.flush()
 
     def close(self) -> None:
         self.flush()
+        self._closed = True
         self._data.close()
         self._ops.close()
 

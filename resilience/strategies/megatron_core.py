@@ -9,25 +9,32 @@ Layout under the checkpoint directory::
     iter_0000008/common.pt                the common state (rank 0, torch.save)
     iter_0000008/metadata.json            backend and version, rank 0, last
 
-The sequence follows Megatron-LM's ``megatron/training/checkpointing.py`` (NVIDIA/Megatron-LM at
-d98e8a6): rank 0 creates ``iter_XXXXXXX/`` (826), every rank calls ``dist_checkpointing.save`` with the
-workload's ``sharded_state_dict`` (896); synchronous: a barrier (1025), rank 0 writes the tracker
-with a plain open and write (``iter_finalize_fn``, 1074-1083, called at 1158), a barrier (1254).
+The sequence follows Megatron-LM's ``megatron/training/checkpointing.py`` at the tag matching
+the installed megatron-core (NVIDIA/Megatron-LM ``core_v0.16.1``, 55ac708): rank 0 creates
+``iter_XXXXXXX/`` (``ensure_directory_exists``, 609), every rank calls ``dist_checkpointing.save`` with
+the workload's ``sharded_state_dict`` (635); synchronous: a barrier (701), rank 0 writes the tracker
+with a plain open and write (``iter_finalize_fn``, 716-724, called at 767), a barrier (798).
 ``async: true``: the save returns an ``AsyncRequest``, the tracker write is added to its finalize
-functions (1156) and it is scheduled on an ``AsyncCallsQueue`` (1239; ``persistent`` false, Megatron-LM's
-default, ``megatron/training/async_utils.py:72``: a forked process per save); as Megatron-LM's loop does
-(``training.py:4585``) every training step first finalizes the saves already written
-(non-blocking), and training's end waits for the rest (``training.py:2130``).
-Load: the tracker (missing: start from random; not an integer: ``sys.exit()``, as ``read_metadata``),
-its maximum over ranks, ``dist_checkpointing.load`` of the template ``sharded_state_dict`` with the
-``strict`` handling (Megatron-LM's ``--dist-ckpt-strictness``, default ``assume_ok_unexpected``),
-which reshards to this phase's tensor-, pipeline- and data-parallel sizes.
+functions (765) and the request is scheduled on an ``AsyncCallsQueue`` (792) built as megatron-core's
+default, ``persistent=False`` (``megatron/training/async_utils.py:18``): a process forked per save. As
+Megatron-LM's loop does, every training step first finalizes the saves already written without
+blocking (``training.py:2694``), and training's end waits for the rest (``training.py:3012``).
+Megatron-LM 0.16.1's argument check (``arguments.py:1138-1143``) turns ``--async-save`` off unless
+``--use-persistent-ckpt-worker`` is given; that persistent worker is not offered here: it is
+spawned, not forked, and its loop calls ``torch.cuda.set_device(rank % torch.cuda.device_count())``
+(``dist_checkpointing/strategies/async_utils.py:488``), a ZeroDivisionError without CUDA, which
+would need two more stubs (``device_count``, ``set_device``) in a process the rank's stubs do not reach.
+Load (``load_checkpoint``, 1120-1130): the tracker (missing: start from random; not an integer:
+``sys.exit()``, as ``read_metadata``), its maximum over ranks, ``dist_checkpointing.load`` of the
+template ``sharded_state_dict`` with the ``strict`` handling (``--dist-ckpt-strictness``, default
+``assume_ok_unexpected``), which reshards to this phase's tensor-, pipeline- and data-parallel sizes.
 
 ``fully_parallel: true`` wraps the save strategy in ``FullyParallelSaveStrategyWrapper`` over the
 data-parallel group (each replica's shards spread over its data-parallel ranks) and the load in
-``FullyParallelLoadStrategyWrapper`` with ``exchange_algo: gather_object``: its default,
-``broadcast``, allocates CUDA tensors for the exchange (``exchange_utils.py:98-110, 499``), which
-no stub can give on a CPU machine.
+``FullyParallelLoadStrategyWrapper`` with ``exchange_algo="gather_object"``. Megatron-LM uses its
+default, ``broadcast`` (1125-1127), which, like ``gather_rounds``, allocates CUDA tensors for the
+exchange (``exchange_utils.py:98-110, 326, 336, 499``: "Torch not compiled with CUDA enabled" on
+this machine, measured): blocked on CPU, as no stub can give a CUDA tensor.
 
 CPU: where CUDA is absent the rank stubs ``torch.cuda.synchronize`` and ``torch.cuda.current_device``
 (``megatron_core_cpu.apply_cpu_stubs``; the call sites are listed there), nothing else.
