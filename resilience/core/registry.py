@@ -15,6 +15,7 @@ STRATEGIES = {
     "deepspeed.zero3": "resilience.strategies.deepspeed_zero:Zero3",
     "megatron": "resilience.strategies.megatron:MegatronCheckpoint",
     "megatron_core": "resilience.strategies.megatron_core:MegatronCoreCheckpoint",
+    "megatron_deepspeed": "resilience.strategies.megatron_deepspeed:MegatronDeepSpeed",
     "dcp": "resilience.strategies.dcp:DcpCheckpoint",
     "manifest": "resilience.strategies.manifest:ManifestCheckpoint",
     "lightning": "resilience.strategies.lightning:LightningCheckpoint",
