@@ -14,6 +14,8 @@ STRATEGIES = {
     "deepspeed.zero2": "resilience.strategies.deepspeed_zero:Zero2",
     "deepspeed.zero3": "resilience.strategies.deepspeed_zero:Zero3",
     "megatron": "resilience.strategies.megatron:MegatronCheckpoint",
+    "megatron_core": "resilience.strategies.megatron_core:MegatronCoreCheckpoint",
+    "megatron_deepspeed": "resilience.strategies.megatron_deepspeed:MegatronDeepSpeed",
     "dcp": "resilience.strategies.dcp:DcpCheckpoint",
     "manifest": "resilience.strategies.manifest:ManifestCheckpoint",
     "lightning": "resilience.strategies.lightning:LightningCheckpoint",

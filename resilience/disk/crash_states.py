@@ -24,7 +24,7 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
-from .io_trace import TraceOp, read_payload, read_trace
+from .io_trace import TraceOp, payload_path, read_payload, read_trace
 from .replay_fs import ReplayFilesystem
 
 BLOCK = 4096
@@ -63,7 +63,7 @@ class CrashModel:
     """The traced save of ``step`` and the durable state before it; builds crash states."""
 
     def __init__(self, trace_dir: Path, world_size: int, step: int):
-        self.step = step
+        self.step, self.trace_dir = step, trace_dir
         self.before: list[tuple[TraceOp, Path]] = []
         self.ops: list[list[TraceOp]] = []  # per rank, the explored save's ops in that rank's order
         self.data_paths: list[Path] = []
@@ -105,7 +105,7 @@ class CrashModel:
             return None
         key = (op.rank, op.seq)
         if key not in self._payloads:
-            self._payloads[key] = read_payload(self.data_paths[op.rank], op)
+            self._payloads[key] = read_payload(payload_path(self.trace_dir, op), op)
         return self._payloads[key]
 
     def _replay(self, cuts: tuple[int, ...]) -> ReplayFilesystem:

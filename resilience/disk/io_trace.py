@@ -19,7 +19,7 @@ import os
 import stat
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ class TraceOp:
     length: int = 0  # write only
     data_offset: int = 0  # write only: where its bytes are in the rank's data file
     truncate: bool = False  # open only
+    source: str = ""  # the process that made it: "" the rank itself, "fork<pid>" a writer it forked
 
     @property
     def order(self) -> tuple[int, int, int]:
@@ -67,50 +68,83 @@ class TraceOp:
         return f"{self.kind} {self.path}"
 
 
-def trace_paths(directory: Path, rank: int) -> tuple[Path, Path]:
-    """(ops, data) files of ``rank`` in ``directory``."""
-    return directory / f"trace_rank{rank}.jsonl", directory / f"trace_rank{rank}.data"
+def trace_paths(directory: Path, rank: int, source: str = "") -> tuple[Path, Path]:
+    """(ops, data) files of ``rank`` in ``directory`` (``source``: of a writer process it forked)."""
+    stem = f"trace_rank{rank}" + (f".{source}" if source else "")
+    return directory / f"{stem}.jsonl", directory / f"{stem}.data"
 
 
 class TraceWriter:
     """Appends one rank's ops and write payloads to its trace files. One per rank process."""
 
-    def __init__(self, directory: Path, rank: int):
-        self.rank = rank
-        ops_path, data_path = trace_paths(directory, rank)
+    def __init__(self, directory: Path, rank: int, source: str = ""):
+        self.rank, self.directory, self.source = rank, directory, source
+        ops_path, data_path = trace_paths(directory, rank, source)
         directory.mkdir(parents=True, exist_ok=True)
         # Opened before any hook is installed: the trace itself is never traced.
         self._ops = open(ops_path, "a", encoding="utf-8")  # noqa: SIM115 (open for the rank's life)
         self._data = open(data_path, "ab")  # noqa: SIM115
         self._data_size = self._data.tell()
         self._seq = 0
+        # a forked writer ends with os._exit (multiprocessing's children do): nothing may wait in a buffer
+        self._flush_each = bool(source)
+        self._closed = False
+
+    def follow_forks(self) -> None:
+        """A process the rank forks (megatron-core's writer workers) records into trace files of its
+        own (flushed before the fork, so nothing buffered is written twice); ``read_trace`` merges
+        them into the rank's ops by the one monotonic clock."""
+        def in_child() -> None:
+            if self._closed:  # a fork after the trace ended: nothing to follow
+                return
+            self._ops.close()  # the child's copies of the rank's files, empty after the flush
+            self._data.close()
+            self.__init__(self.directory, self.rank, f"fork{os.getpid()}")
+
+        os.register_at_fork(before=self.flush, after_in_child=in_child)
 
     def record(self, step: int, kind: str, payload: bytes | None = None, **fields: Any) -> TraceOp:
         if payload is not None:
             fields.update(data_offset=self._data_size, length=len(payload))
             self._data.write(payload)
             self._data_size += len(payload)
-        op = TraceOp(rank=self.rank, seq=self._seq, time_ns=time.monotonic_ns(), step=step, kind=kind, **fields)
+        op = TraceOp(rank=self.rank, seq=self._seq, time_ns=time.monotonic_ns(), step=step, kind=kind,
+                     source=self.source, **fields)
         self._seq += 1
         self._ops.write(json.dumps(asdict(op)) + "\n")
+        if self._flush_each:
+            self.flush()
         return op
 
     def flush(self) -> None:
         """Make the trace complete on disk (a rank may end with os._exit right after)."""
+        if self._closed:
+            return
         self._data.flush()
         self._ops.flush()
 
     def close(self) -> None:
         self.flush()
+        self._closed = True
         self._data.close()
         self._ops.close()
 
 
 def read_trace(directory: Path, rank: int) -> tuple[list[TraceOp], Path]:
-    """The ops of ``rank`` in its own order, and its data file."""
+    """The ops of ``rank`` in its own order, and its data file. Ops of writer processes it forked
+    are merged in by time and every op renumbered (``seq``: its place in the rank's order)."""
     ops_path, data_path = trace_paths(directory, rank)
-    ops = [TraceOp(**json.loads(line)) for line in ops_path.read_text(encoding="utf-8").splitlines() if line]
+    paths = [ops_path] + sorted(directory.glob(f"trace_rank{rank}.fork*.jsonl"))
+    ops = [TraceOp(**json.loads(line)) for path in paths for line in path.read_text(encoding="utf-8").splitlines()
+           if line]
+    if len(paths) > 1:
+        ops = [replace(op, seq=index) for index, op in enumerate(sorted(ops, key=lambda op: (op.time_ns, op.source)))]
     return ops, data_path
+
+
+def payload_path(directory: Path, op: TraceOp) -> Path:
+    """The data file holding a write op's bytes."""
+    return trace_paths(directory, op.rank, op.source)[1]
 
 
 def read_payload(data_path: Path, op: TraceOp) -> bytes:

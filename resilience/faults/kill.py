@@ -34,8 +34,11 @@ class Kill(Fault):
     never changes means the fault never fires, and the case fails saying so.
 
     ``process: helper`` kills, instead of the rank, a process the rank's library started to write
-    for it (DeepSpeed's decoupled checkpoint writer): the file trigger applies to that process's
-    writes, and the rank lives on to find out.
+    for it (DeepSpeed's decoupled checkpoint writer, megatron-core's forked writer workers): the
+    file trigger applies to that process's writes, and the rank lives on to find out.
+    With ``process: rank``, a file the rank writes through a process it forked (megatron-core's
+    writer workers inherit the rank's interception) kills the rank and that writer together, as a
+    node loss does: the file is cut at the trigger and the rank is gone.
     """
 
     on_objects = True  # at start points; file points reach files only
@@ -53,6 +56,10 @@ class Kill(Fault):
         super().__init__(spec)
         self._before_save: dict[str, tuple[int, int, int]] = {}
         self._awaited: str | None = None  # the awaited file once written; "" if it never was
+
+    def arm(self, env) -> None:
+        super().arm(env)
+        self._armed_pid = os.getpid()  # the rank (or, armed in a spawned helper, that helper)
 
     def needs_interception(self) -> bool:
         return self.trigger.point in FILE_POINTS and not self.reaches_helpers()
@@ -139,7 +146,12 @@ class Kill(Fault):
         detail = {"awaited": self._awaited} if self._awaited else {}
         if helper:  # a killed helper ends only itself: what its rank then does is the evidence
             detail["process"] = "helper"
+        forked_writer = not helper and os.getpid() != self._armed_pid
+        if forked_writer:
+            detail["writer_pid"] = os.getpid()
         self.fired(point=self.trigger.point, file=file.relative if file else None,
                    offset=file.offset if file else None, ends_process=not helper, **detail)
+        if forked_writer:  # the rank's forked writer reached the trigger: the rank dies with it
+            os.kill(self._armed_pid, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(3600)  # SIGKILL is not deliverable late; this only keeps the code honest

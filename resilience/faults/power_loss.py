@@ -49,6 +49,7 @@ class PowerLoss(Fault):
     def arm(self, env: RankEnvironment) -> None:
         super().arm(env)
         self.writer = TraceWriter(env.case_dir / TRACE_DIR, env.rank)
+        self.writer.follow_forks()  # megatron-core's writer workers are forked and inherit these hooks
         # shutil.copyfile moves bytes with os.sendfile on Linux, past any file object: make it write
         shutil._USE_CP_SENDFILE = False
         self.hooks = NamespaceHooks(env.checkpoint_dir, self._namespace_op)

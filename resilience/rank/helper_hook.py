@@ -8,9 +8,11 @@ through the same interception layer as in the rank.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 ENV_VAR = "RESILIENCE_HELPER_HOOK"
 STARTUP_DIR = Path(__file__).resolve().parent / "startup"
@@ -47,3 +49,20 @@ def install(config_text: str) -> None:
     fault.arm(RankEnvironment(rank=config["rank"], world_size=config["world_size"], checkpoint_dir=checkpoint_dir,
                               clock=FollowedClock(Path(config["clock"])), emit=events.emit, process="helper"))
     Interceptor(checkpoint_dir, [fault]).install()
+
+
+def follow_forks(fault: Any, checkpoint_dir: Path) -> None:
+    """In the rank: a process it forks (megatron-core's writer workers and async save process, which
+    fork instead of spawning, so no startup hook runs) is a helper too. The fork keeps the rank's
+    clock as it was at the fork (the save it writes for); the first forked generation switches the
+    fault to ``process="helper"`` and routes its writes through the interception layer, and forks of
+    forks inherit both."""
+    def in_child() -> None:
+        if fault.env is None or fault.env.process == "helper":
+            return
+        from ..disk.interception import Interceptor
+
+        fault.env = dataclasses.replace(fault.env, process="helper")
+        Interceptor(checkpoint_dir, [fault]).install()
+
+    os.register_at_fork(after_in_child=in_child)

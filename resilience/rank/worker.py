@@ -80,11 +80,12 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
         ReadInterceptor(checkpoint_dir, [fault]).install()
 
     if fault and fault.reaches_helpers():
-        from .helper_hook import expose
+        from .helper_hook import expose, follow_forks
 
         clock.publish_to = Path(plan.phase_dir) / f"rank{rank}.clock"
         expose(rank=rank, world_size=plan.world_size, case_file=Path(plan.case_file), checkpoint_dir=checkpoint_dir,
                events_path=plan.events_path(rank), clock_path=clock.publish_to)
+        follow_forks(fault, checkpoint_dir)
 
     owns_group = not dist.is_initialized()  # a launcher's entry (torchrun) may have joined already
     if owns_group:

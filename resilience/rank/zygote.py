@@ -73,9 +73,29 @@ def _preload_dcp() -> None:
         importlib.import_module(module)
 
 
+def _preload_megatron_core() -> None:
+    """Where megatron-core is installed, its dist_checkpointing (2-3 s of imports per rank
+    otherwise: its package init pulls in its tensor-parallel layers); it starts no threads. Its CUDA
+    stubs are applied in the rank (``strategies/megatron_core_cpu.py``), never here."""
+    import importlib
+    import importlib.util
+    import warnings
+
+    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        return
+    with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed": said in every rank
+        warnings.simplefilter("ignore", UserWarning)
+        for module in ("megatron.core.dist_checkpointing", "megatron.core.dist_checkpointing.optimizer",
+                       "megatron.core.dist_checkpointing.strategies.async_utils",
+                       "megatron.core.dist_checkpointing.strategies.fully_parallel",
+                       "megatron.core.dist_checkpointing.strategies.torch", "resilience.strategies.megatron_core"):
+            importlib.import_module(module)
+
+
 _warm_up()
 _preload_deepspeed()
 _preload_dcp()
+_preload_megatron_core()
 
 
 def native_thread_count() -> int:

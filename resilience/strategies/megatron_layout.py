@@ -23,3 +23,8 @@ def read_tracker(text: str) -> int | None:
         return int(text.strip())
     except ValueError:
         return None
+
+
+def iteration_dir(root: Path, iteration: int) -> Path:
+    """get_checkpoint_name with return_base_dir: the directory of one dist_checkpointing save."""
+    return Path(root) / f"iter_{iteration:07d}"

@@ -59,6 +59,7 @@ class TensorParallelMLP(Workload):
     """
 
     model_parallel = True
+    split_dims = SPLIT_DIM
     input_dim = 32
     dataset_size = 512
     noise_scale = 0.05
@@ -191,6 +192,19 @@ class TensorParallelMLP(Workload):
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "step": self._step,
                 "data": self.sampler.state(), "rng": self.rng.get_state()}
+
+    def sharded_state_dict(self, loading: bool = False) -> dict[str, Any]:
+        """This rank's state as megatron-core's dist_checkpointing saves and loads it
+        (``parallel_mlp_sharded``); ``loading``: a template to load into."""
+        from .parallel_mlp_sharded import sharded_state_dict
+
+        return sharded_state_dict(self, loading)
+
+    def load_sharded(self, loaded: dict[str, Any]) -> None:
+        """Restore what ``dist_checkpointing.load`` gave back for ``sharded_state_dict(loading=True)``."""
+        from .parallel_mlp_sharded import state_from_loaded
+
+        self.load_state_dict(state_from_loaded(self, loaded))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])  # strict: a missing key or another shard shape raises

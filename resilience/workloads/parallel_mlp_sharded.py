@@ -1,0 +1,71 @@
+"""The `tp_mlp` workload's state as megatron-core's ``dist_checkpointing`` sees it, built the way
+Megatron's layers build theirs (``megatron/core/utils.py``: ``make_tp_sharded_tensor_for_checkpoint``
+and ``make_sharded_tensor_for_checkpoint``; ``megatron/core/optimizer/optimizer.py``:
+``FP32Optimizer.sharded_state_dict``).
+
+- model: one ``ShardedTensor.from_rank_offsets`` per parameter, keyed ``model.layerN.<name>`` with
+  the global layer number N (a pipeline change is a reshard, not a key mismatch); a tensor-parallel
+  parameter carries its offset ``(dim, tp_rank, tp)`` and ``replica_id (0, 0, dp_rank)``, a
+  replicated one ``replica_id (0, tp_rank, dp_rank)``: only the all-zero replica writes.
+- optimizer: Adam's ``exp_avg`` / ``exp_avg_sq`` through megatron-core's own
+  ``get_param_id_to_sharded_param_map`` and ``optim_state_to_sharding_state`` (sharded like their
+  parameter, keys ``optimizer.state.exp_avg.model.layerN.<name>``); the per-parameter ``step``, which
+  Megatron saves once as ``common_step``, and the param groups in the common state.
+- common (``common.pt``, rank 0's): step, scheduler, data position, RNG.
+
+megatron-core is imported only here, inside the functions: the workload itself never needs it.
+The workload (``parallel_mlp.TensorParallelMLP``) calls these from its ``sharded_state_dict``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def sharded_state_dict(workload: Any, loading: bool = False) -> dict[str, Any]:
+    """This rank's sharded state dict; ``loading``: with zeroed Adam moments of the right shapes
+    (a fresh process has none yet, as Megatron's ``init_state_fn`` fills them before a load)."""
+    from megatron.core.dist_checkpointing import ShardedTensor
+    from megatron.core.dist_checkpointing.optimizer import (get_param_id_to_sharded_param_map,
+                                                            optim_state_to_sharding_state)
+
+    topology, coords = workload.topology, workload.coords
+    model = {}
+    for name, param in workload.model.named_parameters():
+        dim = workload.split_dims[name]
+        if dim is None:
+            model[name] = ShardedTensor.from_rank_offsets(f"model.{name}", param, replica_id=(0, coords.tp, coords.dp))
+        else:
+            model[name] = ShardedTensor.from_rank_offsets(f"model.{name}", param, (dim, coords.tp, topology.tp),
+                                                          replica_id=(0, 0, coords.dp))
+    optimizer = workload.optimizer.state_dict()
+    params = list(workload.model.parameters())
+    if loading or not optimizer["state"]:
+        optimizer["state"] = {index: {moment: torch.zeros_like(p) for moment in ADAM_MOMENTS}
+                              for index, p in enumerate(params)}
+    steps = {float(entry["step"]) for entry in optimizer["state"].values() if "step" in entry}
+    if len(steps) > 1:  # as MegatronOptimizer._extract_common_per_param_step
+        raise ValueError(f"the optimizer step differs per parameter: {sorted(steps)}")
+    id_map = get_param_id_to_sharded_param_map(model, params)
+    optim_state_to_sharding_state(optimizer, id_map, exclude_keys=("step",))
+    return {"model": model, "optimizer": optimizer,
+            "common_step": torch.tensor(steps.pop() if steps else 0.0),
+            "scheduler": workload.scheduler.state_dict(), "iteration": workload.step,
+            "data": workload.sampler.state(), "rng": workload.rng.get_state()}
+
+
+def state_from_loaded(workload: Any, loaded: dict[str, Any]) -> dict[str, Any]:
+    """What ``dist_checkpointing.load`` gave back, as the workload's ``load_state_dict`` takes it."""
+    names = [name for name, _ in workload.model.named_parameters()]
+    step = loaded["common_step"]
+    state = {index: {**{moment: loaded["optimizer"]["state"][index][moment].clone() for moment in ADAM_MOMENTS},
+                     "step": step.clone()} for index in range(len(names))}
+    return {"model": {name: loaded["model"][name].detach().clone() for name in names},
+            "optimizer": {"state": state if float(step) > 0 else {},
+                          "param_groups": loaded["optimizer"]["param_groups"]},
+            "scheduler": loaded["scheduler"], "step": int(loaded["iteration"]), "data": loaded["data"],
+            "rng": loaded["rng"]}
