@@ -24,6 +24,7 @@ class CrashRestores:
                  backend: ProcessBackend | None, keep: bool):
         self.case, self.plan, self.work_dir, self.run_phase, self.keep = case, plan, work_dir, run_phase, keep
         self.count = 0
+        self.regrouped = 0  # warm restores whose group never formed, redone in fresh ranks
         warm = (backend is not None and backend_for_restart(case) is None
                 and registry.resolve("strategy", case.strategy.name).restores_warm(case.strategy.options))
         self.pool = WarmPool(backend, work_dir / "warm", case.restart.world_size) if warm else None
@@ -31,7 +32,8 @@ class CrashRestores:
     def describe(self) -> str:
         if self.pool is None:
             return "fresh ranks (the strategy keeps state between loads, or runs under another interpreter)"
-        return f"warm ranks ({self.pool.groups_started} rank groups for {self.pool.restores} restores)"
+        redone = f"; {self.regrouped} whose group never formed redone in fresh ranks" if self.regrouped else ""
+        return f"warm ranks ({self.pool.groups_started} rank groups for {self.pool.restores} restores{redone})"
 
     def restore(self, files, dirs, digest: str, fresh: bool = False) -> PhaseResult:
         warm = self.pool is not None and not fresh
@@ -58,6 +60,12 @@ class CrashRestores:
                        checkpoint_dir=str(state_dir))
         try:
             result = warm(plan)
+            if result is not None and len({e["rank"] for e in result.events("joined")}) < plan.world_size:
+                # the warm group never formed (a rendezvous that timed out on a loaded machine): no
+                # evidence about the strategy, which never ran; fresh ranks restore the state instead
+                self.regrouped += 1
+                retry_dir = Path(f"{plan.phase_dir}-fresh")
+                plan, result = replace(plan, phase_dir=str(retry_dir), store_path=str(retry_dir / "store")), None
             return result if result is not None else self.run_phase(plan, case, backend=backend_for_restart(case))
         finally:
             if not self.keep:
