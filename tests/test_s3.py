@@ -187,5 +187,5 @@ def test_file_points_and_file_only_faults_are_refused_on_objects():
     with pytest.raises(ScenarioError, match="fault.point: reaches files only"):
         case_from(**S3_DCP, fault={"kind": "kill", "rank": 1, "step": 8, "point": "write", "after_bytes": 10})
     with pytest.raises(ScenarioError, match="acts on files, not on objects"):
-        case_from(**S3_DCP, fault={"kind": "duplicate_file", "rank": 0, "step": 8, "source": "*__0_0.distcp"})
+        case_from(**S3_DCP, fault={"kind": "stale_pointer", "rank": 0, "step": 8, "file": "latest"})
     assert case_from(**S3_DCP, fault={"kind": "bit_flip", "rank": 0, "step": 8}).object_store == "s3"
