@@ -14,7 +14,9 @@ from .corruption import DamageAfterSave
 
 class DuplicateFile(DamageAfterSave):
     """The one file written during the save that matches ``source`` (say rank 0's shard) copied
-    over every file matching ``file`` (rank 1's): a copy or sync tool that mixed up two names."""
+    over every file matching ``file`` (rank 1's): a copy or sync tool that mixed up two names.
+    When no file written during the save matches ``source``, the one older file that does (an
+    earlier step's ``.metadata``: a stale copy restored over the new one)."""
 
     kind = "duplicate_file"
     params = {"source": (str, None)}
@@ -46,11 +48,11 @@ class DuplicateFile(DamageAfterSave):
 
     def _source(self) -> str:
         before = self._before or {}
-        sources = sorted(r for r, identity in self.identities().items() if before.get(r) != identity
-                         and fnmatchcase(r, self.spec.params["source"]))
+        matching = {r: identity for r, identity in self.identities().items() if fnmatchcase(r, self.spec.params["source"])}
+        sources = sorted(r for r, identity in matching.items() if before.get(r) != identity) or sorted(matching)
         if len(sources) != 1:
             raise ValueError(f"fault.source {self.spec.params['source']!r} must match exactly one file written "
-                             f"during the step-{self.trigger.step} save; it matched {sources}")
+                             f"during the step-{self.trigger.step} save, or else one older file; it matched {sources}")
         return sources[0]
 
 
