@@ -187,5 +187,24 @@ def test_file_points_and_file_only_faults_are_refused_on_objects():
     with pytest.raises(ScenarioError, match="fault.point: reaches files only"):
         case_from(**S3_DCP, fault={"kind": "kill", "rank": 1, "step": 8, "point": "write", "after_bytes": 10})
     with pytest.raises(ScenarioError, match="acts on files, not on objects"):
-        case_from(**S3_DCP, fault={"kind": "duplicate_file", "rank": 0, "step": 8, "source": "*__0_0.distcp"})
+        case_from(**S3_DCP, fault={"kind": "stale_pointer", "rank": 0, "step": 8, "file": "latest"})
     assert case_from(**S3_DCP, fault={"kind": "bit_flip", "rank": 0, "step": 8}).object_store == "s3"
+
+
+@pytest.mark.slow
+def test_torch_save_killed_inside_a_multipart_upload_leaves_it_incomplete_and_no_object(tmp_path):
+    """torch.save streams into s3fs's file: with a 5 MiB part size a 6 MiB file goes up in parts,
+    and the rank killed inside the second leaves an upload that never completes (no object)."""
+    result = run_case(tmp_path, keep=True, strategy={"name": "torch.rank0", "options": {"part_size": "5MiB"}},
+                      object_store="s3", workload={**S3_DCP["workload"], "size": "2MiB"},
+                      fault={"kind": "s3", "action": "kill", "key": "step_00000008/model_optim.pt", "nth": 2,
+                             "after_bytes": 4096})
+    assert result.verdict.kind is VerdictKind.RECOVERED, result.verdict
+    assert result.phases[-1].restored()[0]["step"] == 4
+    bucket = json.loads((result.work_dir / "s3_objects.first_run.json").read_text())
+    assert bucket["objects"] == ["step_00000004/model_optim.pt"]
+    assert bucket["incomplete_uploads"] == ["step_00000008/model_optim.pt"]
+    parts = [e for e in read_log(result.work_dir / "s3_requests.jsonl") if e["key"] == "step_00000008/model_optim.pt"
+             and "partNumber=" in e["query"]]
+    assert parts[0]["status"] == 200 and parts[1].get("cut")
+    assert json.loads((result.work_dir / "s3_objects.end.json").read_text())["bytes"] > 0  # sizes are recorded

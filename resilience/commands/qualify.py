@@ -4,11 +4,17 @@ Prints one line per case as it finishes; writes ``report.html`` (verdict matrix,
 of failures, replay commands, environment and filesystem figures), ``report.json`` and
 ``junit.xml`` into the output directory. Exit status 1 when any case fails (or, under
 ``CI=true``, is skipped), 2 when the run itself could not start.
+
+``--workdir s3://BUCKET/PREFIX --endpoint URL`` qualifies an S3 store instead of a filesystem: the
+cases' own files go to the system temporary directory, the probe PUTs and GETs one object there,
+and each strategy that can checkpoint into an object store saves and restores its throughput case
+in it (under a prefix of its own, removed afterwards); save is compared with PUT, restore with GET.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import shlex
 import sys
 import tempfile
@@ -46,9 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="directory for report.html, report.json, junit.xml")
     parser.add_argument("--launcher", choices=launchers.LAUNCHERS, default="local",
                         help="how cases run: local (this harness) or torchrun (the elastic agent)")
-    parser.add_argument("--workdir", type=Path, default=None,
+    parser.add_argument("--workdir", default=None,
                         help="where case and checkpoint directories go: the filesystem to qualify "
-                             "(default: the system temporary directory)")
+                             "(default: the system temporary directory), or s3://BUCKET/PREFIX: the S3 store "
+                             "to qualify (with --endpoint)")
+    parser.add_argument("--endpoint", default=None,
+                        help="with an s3:// --workdir: the store's endpoint URL (default: $AWS_ENDPOINT_URL)")
     parser.add_argument("--backend", choices=sorted(BACKENDS), default=DEFAULT_BACKEND,
                         help="how the local launcher starts rank processes")
     parser.add_argument("--cache", type=Path, default=None, help="reference-run cache directory")
@@ -148,6 +157,56 @@ def filesystem_figures(cases: list[Case], target: Path, args, progress):
     return bandwidth, tuple(figures), notes
 
 
+def object_store_variants(cases: list[Case], notes: list[str]) -> list[tuple[str, dict, str]]:
+    """Each selected strategy configured to write to an object store (dcp through fsspec); a
+    strategy that writes files only gets a note instead."""
+    variants = []
+    for name in dict.fromkeys(c.strategy.name for c in cases if c.strategy.name != "none"):
+        options = {"storage": "fsspec"} if name == "dcp" else {}
+        problem = registry.resolve("strategy", name).check_object_store(options, "s3")
+        if problem:
+            notes.append(f"throughput of {name} not measured: {problem[1]}")
+            continue
+        variants.append((name, options, name + (" {storage: fsspec}" if options else "")))
+    return variants
+
+
+def object_store_figures(cases: list[Case], url: str, args, progress):
+    """The PUT/GET probe of the store, then each strategy's throughput case checkpointing into it."""
+    from ..measure.objprobe import describe_store, measure_object_bandwidth
+    from ..objectstore.external import ExternalStore
+
+    notes: list[str] = []
+    endpoint = args.endpoint or os.environ.get("AWS_ENDPOINT_URL")
+    probe_size, size = parse_size(args.probe_size), parse_size(args.throughput_size)
+    if not probe_size or not size:
+        raise ResilienceError(f"--probe-size {args.probe_size!r} / --throughput-size {args.throughput_size!r}: "
+                              f"not a size; allowed: bytes, or a number with KiB, MiB, GiB")
+    with janitor.temporary_directory("resilience-s3-") as scratch:
+        probe_store = ExternalStore(url, endpoint, scratch).start()
+        try:
+            target = describe_store(probe_store)
+            bandwidth = measure_object_bandwidth(probe_store, probe_size)
+        finally:
+            probe_store.stop()
+    print(f"raw PUT / GET at {endpoint} ({url}): {bandwidth.put_bytes_per_s / 1e6:.1f} / "
+          f"{bandwidth.get_bytes_per_s / 1e6:.1f} MB/s", file=progress, flush=True)
+    harness = Harness(backend=BACKENDS[args.backend](), keep=True, cache=None,
+                      object_store=lambda work_dir: ExternalStore(url, endpoint, work_dir))
+    figures: list[StrategyThroughput] = []
+    for name, options, label in object_store_variants(cases, notes):
+        try:
+            figure = measure(harness, name, options, label, size, args.throughput_world_size,
+                             bandwidth.put_bytes_per_s, bandwidth.get_bytes_per_s, object_store="s3")
+        except (ResilienceError, RuntimeError) as exc:
+            notes.append(f"throughput of {label} not measured: {exc}")
+            continue
+        figures.append(figure)
+        print(f"throughput {label}: save {figure.save_fraction:.2f} x PUT, restore {figure.restore_fraction:.2f} x GET",
+              file=progress, flush=True)
+    return target, bandwidth, tuple(figures), notes
+
+
 def write_reports(report: Qualification, out: Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = {"html": out / "report.html", "json": out / "report.json", "junit": out / "junit.xml"}
@@ -160,10 +219,17 @@ def write_reports(report: Qualification, out: Path) -> dict[str, Path]:
 def main(args: argparse.Namespace, progress=sys.stdout) -> int:
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     started = time.monotonic()
+    store_url = args.workdir if args.workdir and args.workdir.startswith("s3://") else None
+    work_root = None if store_url or not args.workdir else Path(args.workdir)
     try:
+        if store_url:
+            from ..objectstore.external import check_endpoint, split_url
+
+            split_url(store_url)
+            check_endpoint(args.endpoint or os.environ.get("AWS_ENDPOINT_URL"))
         cases, load_errors = select(args.paths, args.keyword)
         cache = None if args.no_cache else ReferenceCache(args.cache or default_cache_dir())
-        run_case = launchers.make(args.launcher, work_root=args.workdir, keep=False, cache=cache, backend=args.backend)
+        run_case = launchers.make(args.launcher, work_root=work_root, keep=False, cache=cache, backend=args.backend)
     except ResilienceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -174,10 +240,15 @@ def main(args: argparse.Namespace, progress=sys.stdout) -> int:
         return 2
     print(f"qualifying {len(cases)} cases ({args.launcher} launcher)", file=progress, flush=True)
     records = run_cases(cases, run_case, progress)
-    target = args.workdir or Path(tempfile.gettempdir())
-    bandwidth, figures, notes = None, (), []
+    target = work_root or Path(tempfile.gettempdir())
+    bandwidth, figures, notes, store, object_bandwidth = None, (), [], None, None
     if args.no_throughput:
         notes.append("filesystem figures not measured (--no-throughput)")
+    elif store_url:
+        try:
+            store, object_bandwidth, figures, notes = object_store_figures(cases, store_url, args, progress)
+        except (ResilienceError, OSError, ValueError) as exc:
+            notes.append(f"object store figures not measured: {exc}")
     else:
         try:
             with janitor.temporary_directory("resilience-fs-", _existing(target)) as probe_root:
@@ -187,8 +258,9 @@ def main(args: argparse.Namespace, progress=sys.stdout) -> int:
     notes.extend(f"scenario file not loaded: {error}" for error in load_errors)
     report = Qualification(started=started_at, elapsed_s=time.monotonic() - started, launcher=args.launcher,
                            command=shlex.join(["resilience", *getattr(args, "argv", ["qualify", *args.paths])]),
-                           environment=describe(target), cases=tuple(records), bandwidth=bandwidth,
-                           throughput=figures, notes=tuple(notes))
+                           environment=describe(store_url or target, store), cases=tuple(records),
+                           bandwidth=bandwidth, throughput=figures, notes=tuple(notes),
+                           object_bandwidth=object_bandwidth)
     paths = write_reports(report, args.out)
     for row in per_strategy(report.cases):
         print(f"lost work {row.strategy}: {row.steps_lost} steps, {row.lost_s:.2f} s over {row.cases} cases "

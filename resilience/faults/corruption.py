@@ -11,10 +11,8 @@ with plain file operations: the restart reads what a real damaged file holds.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
-from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -231,70 +229,3 @@ class MissingFile(RewritesBytes):
 
     def damaged(self, data: bytes, name: Any) -> tuple[None, None]:
         return None, None
-
-
-class DuplicateFile(DamageAfterSave):
-    """The one file written during the save that matches ``source`` (say rank 0's shard) copied
-    over every file matching ``file`` (rank 1's): a copy or sync tool that mixed up two names."""
-
-    kind = "duplicate_file"
-    params = {"source": (str, None)}
-
-    @classmethod
-    def check(cls, spec):
-        if not spec.params.get("source"):
-            return ("fault.source", "missing: the glob of the file copied over the target", None,
-                    "a glob relative to the checkpoint directory, e.g. '*_rank_0.pt'")
-        return None
-
-    def pick(self, changed: list[str]) -> list[str]:
-        return [relative for relative in changed if not fnmatchcase(relative, self.spec.params["source"])]
-
-    def damage(self, paths: list[Path]) -> dict[str, Any]:
-        sources = [relative for relative in self._written_all() if fnmatchcase(relative, self.spec.params["source"])]
-        if len(sources) != 1:
-            raise ValueError(f"fault.source {self.spec.params['source']!r} must match exactly one file written "
-                             f"during the step-{self.trigger.step} save; it matched {sources}")
-        source = resolve_under(self.env.checkpoint_dir, sources[0])
-        for path in paths:
-            shutil.copyfile(source, path)
-        return {"source": sources[0]}
-
-    def _written_all(self) -> list[str]:
-        before = self._before or {}
-        return sorted(r for r, identity in file_identities(self.env.checkpoint_dir).items() if before.get(r) != identity)
-
-
-POINTER_TARGETS = ("older", "missing")
-
-
-class StalePointer(DamageAfterSave):
-    """The pointer file (``file``, e.g. DeepSpeed's ``latest``) rewritten to name an ``older`` tag
-    (the newest other directory beside it: a pointer update that never reached the disk) or a
-    ``missing`` one (a tag whose directory does not exist: the shards were cleaned up or never
-    synced)."""
-
-    kind = "stale_pointer"
-    params = {"points_to": (POINTER_TARGETS, "older")}
-
-    @classmethod
-    def check(cls, spec):
-        if any(c in spec.trigger.file for c in "*?["):
-            return ("fault.file", "must name the pointer file itself", spec.trigger.file, "e.g. latest")
-        return None
-
-    def damage(self, paths: list[Path]) -> dict[str, Any]:
-        changes = []
-        for path in paths:
-            current = path.read_text().strip()
-            if self.spec.params["points_to"] == "missing":
-                new = f"{current}-missing"
-            else:
-                others = [d for d in path.parent.iterdir() if d.is_dir() and d.name != current
-                          and any(d.iterdir())]
-                if not others:
-                    raise ValueError(f"no older tag beside {path} to point to (it names {current!r})")
-                new = max(others, key=lambda d: d.stat().st_mtime_ns).name
-            path.write_text(new)
-            changes.append([current, new])
-        return {"pointer": changes}

@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 MOUNTINFO = Path("/proc/self/mountinfo")
-LIBRARIES = ("torch", "deepspeed", "numpy")
+LIBRARIES = ("torch", "deepspeed", "numpy", "s3fs", "boto3")
 
 
 @dataclass(frozen=True)
@@ -26,14 +26,25 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class ObjectStoreTarget:
+    """An S3 store checkpoints went to, in place of a directory (``qualify --workdir s3://...``)."""
+
+    endpoint: str
+    bucket: str
+    prefix: str
+    server: str  # what the server calls itself (its Server header)
+
+
+@dataclass(frozen=True)
 class Environment:
     python: str
     libraries: dict[str, str | None]  # None: not installed
     kernel: str
     machine: str
     cpus: int
-    checkpoint_dir: str
+    checkpoint_dir: str  # or the store's s3:// URL
     mount: Mount | None
+    object_store: ObjectStoreTarget | None = None
 
 
 def _unescape(field: str) -> str:
@@ -86,9 +97,10 @@ def library_versions() -> dict[str, str | None]:
     return versions
 
 
-def describe(checkpoint_dir: Path) -> Environment:
+def describe(checkpoint_dir: Path | str, object_store: ObjectStoreTarget | None = None) -> Environment:
+    """``checkpoint_dir``: a directory, or with ``object_store`` the store's URL."""
     uname = platform.uname()
     return Environment(python=sys.version.split()[0], libraries=library_versions(),
                        kernel=f"{uname.system} {uname.release} {uname.version}", machine=uname.machine,
                        cpus=os.cpu_count() or 0, checkpoint_dir=str(checkpoint_dir),
-                       mount=mount_of(checkpoint_dir))
+                       mount=None if str(checkpoint_dir).startswith("s3://") else mount_of(checkpoint_dir), object_store=object_store)

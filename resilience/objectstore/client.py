@@ -21,11 +21,15 @@ REGION = "us-east-1"
 LOOPBACK_NAMES = ("localhost",)
 
 
-def client_environment(endpoint: str) -> dict[str, str]:
-    """The environment every process that talks to the case's store runs with."""
-    return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_DEFAULT_REGION": REGION,
-            "AWS_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": endpoint,
-            "AWS_ENDPOINT_URL_S3": endpoint,
+def client_environment(endpoint: str, own_credentials: bool = False) -> dict[str, str]:
+    """The environment every process that talks to the case's store runs with; ``own_credentials``:
+    a store the user named, whose credentials the process already has in its environment."""
+    found = {"AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL_S3": endpoint}
+    if own_credentials:
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or REGION
+        return {**found, "AWS_REGION": region, "AWS_DEFAULT_REGION": region}
+    return {**found, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
             # the user's own profiles must not decide what a case does
             "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
 
@@ -43,20 +47,24 @@ def is_loopback(host: Any) -> bool:
         return False
 
 
-def install_loopback_guard(record: Callable[..., None]) -> None:
+def install_loopback_guard(record: Callable[..., None], allowed_host: str | None = None) -> None:
     """Refuse (``PermissionError``) every Python-level ``socket.connect`` and name lookup of this
-    process that is not for a loopback address, after ``record(event, **fields)``. Native code
+    process that is not for a loopback address (or ``allowed_host``, the endpoint of a store the
+    user named, and the addresses it resolves to), after ``record(event, **fields)``. Native code
     that opens sockets itself (gloo, the CRT client) is not seen."""
+    allowed = set()
+    if allowed_host and not is_loopback(allowed_host):
+        allowed = {allowed_host} | {info[4][0] for info in socket.getaddrinfo(allowed_host, None)}
 
     def guard(event: str, args: tuple) -> None:
         if event == "socket.connect":
             sock, address = args
-            if sock.family not in (socket.AF_INET, socket.AF_INET6) or is_loopback(address[0]):
+            if sock.family not in (socket.AF_INET, socket.AF_INET6) or is_loopback(address[0]) or address[0] in allowed:
                 return
             host = address[0]
         elif event == "socket.getaddrinfo":
             host = args[0]
-            if host is None or is_loopback(host):
+            if host is None or is_loopback(host) or host in allowed:
                 return
         else:
             return
@@ -68,5 +76,5 @@ def install_loopback_guard(record: Callable[..., None]) -> None:
 
 def enter(store: dict, record: Callable[..., None]) -> None:
     """Set up this rank process (and the processes it starts) for the case's object store."""
-    os.environ.update(client_environment(store["endpoint"]))
-    install_loopback_guard(record)
+    os.environ.update(client_environment(store["endpoint"], bool(store.get("own_credentials"))))
+    install_loopback_guard(record, store.get("allowed_host"))

@@ -29,3 +29,11 @@ def rewrite_object(url: str, relative: str, damaged: Callable[[bytes, str], tupl
     else:
         fs.pipe_file(key, new)
     return detail
+
+
+def copy_object(url: str, source: str, target: str) -> None:
+    """The object ``source`` under ``url`` copied over ``target`` (a server-side copy: a whole new object)."""
+    from fsspec.core import url_to_fs
+
+    fs, root = url_to_fs(url)
+    fs.copy(f"{root}/{source}", f"{root}/{target}")

@@ -32,12 +32,13 @@ class S3Store:
     def __init__(self, case_dir: Path):
         digest = hashlib.sha256(str(case_dir).encode()).hexdigest()[:16]
         self.bucket = f"resilience-{digest}"
+        self.prefix = PREFIX
         self.case_dir = case_dir
         self.server = self.proxy = self._client = None
 
     @property
     def url(self) -> str:
-        return f"s3://{self.bucket}/{PREFIX}"
+        return f"s3://{self.bucket}/{self.prefix}"
 
     @property
     def endpoint(self) -> str:
@@ -72,17 +73,26 @@ class S3Store:
         self.proxy = FaultProxy((host, port), self.bucket, PREFIX, self.log_path).start()
         return self
 
-    def keys(self) -> list[str]:
-        """Every object key in the case's bucket (straight from the server, not through the proxy)."""
-        found = []
-        for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
-            found += [entry["Key"] for entry in page.get("Contents", ())]
+    def sizes(self, prefix: str | None = None) -> dict[str, int]:
+        """Every object under ``prefix`` (default: the case's; "": the whole bucket): key -> size,
+        straight from the server, not through the proxy."""
+        found = {}
+        prefix = f"{self.prefix}/" if prefix is None else prefix
+        for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            found.update((entry["Key"], entry["Size"]) for entry in page.get("Contents", ()))
         return found
 
+    def keys(self) -> list[str]:
+        return list(self.sizes())
+
+    def uploads(self, prefix: str | None = None) -> list[dict]:
+        """Multipart uploads under ``prefix`` (as in ``sizes``) begun and never completed nor aborted."""
+        prefix = f"{self.prefix}/" if prefix is None else prefix
+        answer = self._client.list_multipart_uploads(Bucket=self.bucket, Prefix=prefix)
+        return list(answer.get("Uploads", ()))
+
     def incomplete_uploads(self) -> list[str]:
-        """Keys of multipart uploads begun and never completed nor aborted."""
-        answer = self._client.list_multipart_uploads(Bucket=self.bucket)
-        return [upload["Key"] for upload in answer.get("Uploads", ())]
+        return [upload["Key"] for upload in self.uploads()]
 
     def stop(self) -> None:
         try:
@@ -104,16 +114,21 @@ class S3Store:
         never completed), kept with the case's files as evidence: after the first run, and at the end."""
         import json
 
-        strip = len(PREFIX) + 1
+        strip = len(self.prefix) + 1
+        sizes = self.sizes()
         self.contents_path(when).write_text(json.dumps({
-            "objects": sorted(key[strip:] for key in self.keys()),
+            "objects": sorted(key[strip:] for key in sizes), "bytes": sum(sizes.values()),
             "incomplete_uploads": sorted(key[strip:] for key in self.incomplete_uploads())}, indent=1))
 
-    def _remove_bucket(self) -> None:
-        for upload in self._client.list_multipart_uploads(Bucket=self.bucket).get("Uploads", ()):
+    def remove_objects(self, prefix: str | None = None) -> None:
+        """Abort every multipart upload and delete every object under ``prefix`` (as in ``sizes``)."""
+        for upload in self.uploads(prefix):
             self._client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
-        for key in self.keys():
+        for key in self.sizes(prefix):
             self._client.delete_object(Bucket=self.bucket, Key=key)
+
+    def _remove_bucket(self) -> None:
+        self.remove_objects("")
         self._client.delete_bucket(Bucket=self.bucket)
 
     def buckets(self) -> list[str]:

@@ -91,12 +91,34 @@ def _throughput_plot(figures: tuple[StrategyThroughput, ...]) -> str:
     return "".join(parts)
 
 
+def render_object_store(report: Qualification) -> list[str]:
+    """The store's rows: endpoint, bucket, prefix, what the server calls itself, PUT and GET."""
+    store, b = report.environment.object_store, report.object_bandwidth
+    parts = ["<h2>Checkpoint object store</h2><table>",
+             f"<tr><th>endpoint</th><td><code>{escape(store.endpoint)}</code></td></tr>",
+             f"<tr><th>bucket / prefix</th><td><code>{escape(store.bucket)}</code> / "
+             f"<code>{escape(store.prefix)}</code></td></tr>",
+             f"<tr><th>server</th><td>{escape(store.server or 'did not say')}</td></tr>"]
+    if b:
+        parts.append(f"<tr><th>raw PUT (one object)</th><td id=\"raw-put\">{_mb(b.put_bytes_per_s)} "
+                     f"({b.size_bytes >> 20} MiB in {b.put_s:.2f} s)</td></tr>"
+                     f"<tr><th>raw GET (the same object)</th><td id=\"raw-get\">{_mb(b.get_bytes_per_s)} "
+                     f"({b.size_bytes >> 20} MiB in {b.get_s:.2f} s)</td></tr>")
+    return parts
+
+
 def render_filesystem(report: Qualification) -> str:
     env = report.environment
     mount = env.mount
-    parts = ["<h2>Checkpoint filesystem</h2><table>",
-             f"<tr><th>checkpoint directory</th><td><code>{escape(env.checkpoint_dir)}</code></td></tr>"]
-    if mount:
+    if env.object_store:
+        parts = render_object_store(report)
+        mount = None
+    else:
+        parts = ["<h2>Checkpoint filesystem</h2><table>",
+                 f"<tr><th>checkpoint directory</th><td><code>{escape(env.checkpoint_dir)}</code></td></tr>"]
+    if env.object_store:
+        pass
+    elif mount:
         parts += [f"<tr><th>filesystem type</th><td>{escape(mount.fs_type)}</td></tr>",
                   f"<tr><th>mount point</th><td><code>{escape(mount.mount_point)}</code> "
                   f"(source <code>{escape(mount.source)}</code>)</td></tr>",
@@ -118,6 +140,9 @@ def render_filesystem(report: Qualification) -> str:
                          f"{f.save_s:.2f} s</td><td>{f.save_fraction:.2f}</td><td>{_mb(f.restore_bytes_per_s)} in "
                          f"{f.restore_s:.2f} s</td><td>{f.restore_fraction:.2f}</td><td>{escape(f.verdict)}</td></tr>")
         parts.append("</table>" + _throughput_plot(report.throughput))
+        if env.object_store:
+            parts.append("<p>On the object store, raw is the probe's PUT for the save and its GET for the "
+                         "restore; bytes per checkpoint are what the bucket held under the case's prefix.</p>")
         parts.append("<p>Save: checkpoint bytes over the time from the first rank entering the save to the "
                      "last rank returning from it. Restore: the same bytes over the restart's slowest "
                      "<code>strategy.load</code>; a restore right after a save reads mostly from the page "

@@ -13,6 +13,7 @@ from typing import Any
 from ..measure.environment import Environment
 from ..measure.throughput import StrategyThroughput
 from ..measure.fsprobe import BandwidthProbe
+from ..measure.objprobe import ObjectBandwidthProbe
 from ..core.records import CaseResult
 from ..oracle.outcome import CaseOutcome
 from .lost_work import per_strategy
@@ -110,6 +111,7 @@ class Qualification:
     bandwidth: BandwidthProbe | None = None
     throughput: tuple[StrategyThroughput, ...] = ()
     notes: tuple[str, ...] = field(default=())  # what could not be measured, and why
+    object_bandwidth: ObjectBandwidthProbe | None = None  # an S3 work directory: PUT and GET in place of bandwidth
 
     @property
     def failed(self) -> tuple[CaseRecord, ...]:
@@ -120,6 +122,9 @@ class Qualification:
         data["summary"] = summary(self.cases)
         if self.bandwidth:
             data["bandwidth"]["bytes_per_s"] = self.bandwidth.bytes_per_s
+        if self.object_bandwidth:
+            data["object_bandwidth"].update(put_bytes_per_s=self.object_bandwidth.put_bytes_per_s,
+                                            get_bytes_per_s=self.object_bandwidth.get_bytes_per_s)
         for entry, figure in zip(data["throughput"], self.throughput):
             entry.update(save_bytes_per_s=figure.save_bytes_per_s, restore_bytes_per_s=figure.restore_bytes_per_s,
                          save_fraction=figure.save_fraction, restore_fraction=figure.restore_fraction)

@@ -26,11 +26,14 @@ from .supervisor import LocalRanks, collect, deadline_after, supervise
 
 class Harness:
     """Runs cases. ``cache``: a `ReferenceCache` to share reference runs across cases (None: run
-    the reference in every case)."""
+    the reference in every case). ``object_store``: for cases with ``object_store``, a callable
+    from the case's work directory to the store it checkpoints into (None: moto's server on
+    loopback, `resilience.objectstore.server.S3Store`)."""
 
     def __init__(self, backend: ProcessBackend | None = None, work_root: Path | None = None, keep: bool = False,
                  cache: ReferenceCache | None = None, explore_profile: str | None = None,
-                 explore_restores: int | None = None, explore_warm: bool = True):
+                 explore_restores: int | None = None, explore_warm: bool = True, object_store=None):
+        self.object_store = object_store
         self.backend = backend or BACKENDS[DEFAULT_BACKEND]()
         self.work_root, self.keep, self.cache = work_root, keep, cache
         # power_loss cases: the explorer's profile (ci, long) and cap on restores, overriding the scenario's
@@ -67,7 +70,7 @@ class Harness:
         if case.object_store:
             from ..objectstore.server import S3Store
 
-            store = S3Store(work_dir)
+            store = (self.object_store or S3Store)(work_dir)
         env = CaseEnvironment(case=case, case_dir=work_dir, checkpoint_dir=checkpoint_dir, object_store=store)
         phases = [reference]
         try:

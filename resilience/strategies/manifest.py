@@ -19,14 +19,16 @@ If manifests exist but none verifies, the restore raises, naming each failure: s
 scratch would silently lose every saved step. Option ``keep_last: N``: after the new manifest is
 durable, rank 0 removes all but the N newest complete checkpoints. The inner strategy must implement
 ``step_location`` and ``load_step`` (see `CheckpointStrategy`).
+
+With ``object_store: s3`` (when the inner strategy writes there too) the files, the digests' reads
+and the manifests are objects under the case's URL (`resilience.strategies.targets`): there is no
+fsync, and a manifest goes up in one PUT, whose object appears whole or not at all, instead of a
+temporary name and a rename (on S3 a copy, then a delete).
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import re
-import shutil
 import sys
 from pathlib import Path
 from typing import Any, Mapping
@@ -35,42 +37,16 @@ import torch.distributed as dist
 
 from ..workloads.base import Workload
 from .base import CheckpointStrategy, StrategyContext
+from .targets import DirectoryTarget, fsync_directory, target_of, write_atomically  # noqa: F401 (re-exported)
 
 MANIFEST_DIR = "manifests"
 MANIFEST_NAME = re.compile(r"^step_(\d{8})\.json$")
 MANIFEST_FORMAT = 1
-CHUNK = 1 << 20
 
 
 def file_digest(path: Path, durable: bool = False) -> tuple[int, str]:
     """(size, sha256) of ``path``; ``durable``: fsync it too, so what was hashed is on disk."""
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as file:
-        while chunk := file.read(CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-        if durable:
-            os.fsync(file.fileno())
-    return size, digest.hexdigest()
-
-
-def fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Temp file, fsync, rename, directory fsync: after a crash ``path`` is old or new, never torn."""
-    staging = path.with_name(f".{path.name}.tmp")
-    with open(staging, "w", encoding="utf-8") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(staging, path)
-    fsync_directory(path.parent)
+    return DirectoryTarget(path.parent).digest(path, durable)
 
 
 def _inner_class(name: Any) -> type:
@@ -121,6 +97,15 @@ class ManifestCheckpoint(CheckpointStrategy):
         return None
 
     @classmethod
+    def check_object_store(cls, options: Mapping[str, Any], store: str | None) -> tuple[str, str, Any, Any] | None:
+        """The manifest goes where its inner strategy writes: a directory, or the object store."""
+        problem = _inner_class(options["inner"]).check_object_store(options.get("inner_options", {}), store)
+        if problem:
+            key, *rest = problem
+            return (key.replace("strategy.options.", "strategy.options.inner_options.", 1), *rest)
+        return None
+
+    @classmethod
     def trainer(cls, options: Mapping[str, Any]) -> str:
         return _inner_class(options["inner"]).trainer(options.get("inner_options", {}))
 
@@ -143,9 +128,11 @@ class ManifestCheckpoint(CheckpointStrategy):
         options = context.options
         inner_context = StrategyContext(checkpoint_dir=context.checkpoint_dir, rank=context.rank,
                                         world_size=context.world_size, previous_rank=context.previous_rank,
-                                        options=dict(options.get("inner_options", {})))
+                                        options=dict(options.get("inner_options", {})),
+                                        checkpoint_url=context.checkpoint_url)
         self.inner = _inner_class(options["inner"])(inner_context)
-        self.manifests = context.checkpoint_dir / MANIFEST_DIR
+        self.target = target_of(context.checkpoint_dir, context.checkpoint_url)
+        self.manifests = self.target.join(self.target.root, MANIFEST_DIR)
 
     def prepare(self, workload: Workload) -> Workload:
         return self.inner.prepare(workload)
@@ -164,20 +151,17 @@ class ManifestCheckpoint(CheckpointStrategy):
         if len(set(locations)) > 1:  # a manifest over one rank's directory would vouch for a partial checkpoint
             raise RuntimeError(f"manifest: ranks saved step {step} to different places: "
                                + ", ".join(f"rank {r}: {where}" for r, where in enumerate(locations)))
-        names = sorted(p.relative_to(location).as_posix() for p in location.rglob("*") if p.is_file())
-        mine = {name: file_digest(location / name, durable=True) for name in self._share(names)}
+        target = self.target
+        names = target.files_under(location)
+        mine = {name: target.digest(target.join(location, name), durable=True) for name in self._share(names)}
         gathered: list[dict | None] = [None] * self.context.world_size
         dist.all_gather_object(gathered, mine)  # also: every rank's share is durable
         if self.context.rank == 0:
             files = {name: {"size": size, "sha256": sha} for part in gathered for name, (size, sha) in part.items()}
-            fsync_directory(location)
-            if not self.manifests.is_dir():
-                self.manifests.mkdir()
-                fsync_directory(self.context.checkpoint_dir)
+            target.make_durable(location)
             document = {"format": MANIFEST_FORMAT, "step": step, "world_size": self.context.world_size,
-                        "location": location.relative_to(self.context.checkpoint_dir).as_posix(),
-                        "files": dict(sorted(files.items()))}
-            write_atomically(self.manifests / f"step_{step:08d}.json", json.dumps(document, indent=1))
+                        "location": target.relative(location), "files": dict(sorted(files.items()))}
+            target.write_document(self._manifest_path(step), json.dumps(document, indent=1))
             self._prune(self.context.options.get("keep_last"))
         dist.barrier()
 
@@ -191,10 +175,9 @@ class ManifestCheckpoint(CheckpointStrategy):
         kept = {self._read_manifest(step).get("location") for step in steps[:keep]}
         for step in steps[keep:]:
             document = self._read_manifest(step)
-            (self.manifests / f"step_{step:08d}.json").unlink()
-            fsync_directory(self.manifests)
+            self.target.remove(self._manifest_path(step))
             if isinstance(document, dict) and document["location"] not in kept:
-                shutil.rmtree(self.context.checkpoint_dir / document["location"], ignore_errors=True)
+                self.target.remove_tree(self.target.join(self.target.root, document["location"]))
 
     def _share(self, names: list[str]) -> list[str]:
         return names[self.context.rank::self.context.world_size]
@@ -222,34 +205,36 @@ class ManifestCheckpoint(CheckpointStrategy):
             raise RuntimeError("manifest: no checkpoint verifies against its manifest: " + " | ".join(failures))
         dist.barrier()  # nothing was ever completely saved: start from scratch
 
+    def _manifest_path(self, step: int) -> Path | str:
+        return self.target.join(self.manifests, f"step_{step:08d}.json")
+
     def _listed(self) -> list[int]:
-        if not self.manifests.is_dir():
-            return []
-        found = (MANIFEST_NAME.match(p.name) for p in self.manifests.iterdir())
+        found = (MANIFEST_NAME.match(name) for name in self.target.entries(self.manifests))
         return sorted((int(m.group(1)) for m in found if m), reverse=True)
 
     def _read_manifest(self, step: int) -> dict | str:
-        path = self.manifests / f"step_{step:08d}.json"
+        name = f"step_{step:08d}.json"
         try:
-            document = json.loads(path.read_text(encoding="utf-8"))
+            document = json.loads(self.target.read_text(self._manifest_path(step)))
         except (OSError, ValueError) as exc:
-            return f"{path.name} unreadable ({type(exc).__name__}: {exc})"
+            return f"{name} unreadable ({type(exc).__name__}: {exc})"
         if not isinstance(document, dict) or document.get("format") != MANIFEST_FORMAT or document.get("step") != step:
-            return f"{path.name} is not a format-{MANIFEST_FORMAT} manifest of step {step}"
+            return f"{name} is not a format-{MANIFEST_FORMAT} manifest of step {step}"
         return document
 
     def _verify(self, document: dict) -> list[str]:
-        location = self.context.checkpoint_dir / document["location"]
+        target = self.target
+        location = target.join(target.root, document["location"])
         problems = []
         for name in self._share(sorted(document["files"])):
             expected = document["files"][name]
-            path = location / name
+            path = target.join(location, name)
             try:
-                if path.stat().st_size != expected["size"]:
-                    problems.append(f"{document['location']}/{name}: {path.stat().st_size} bytes, "
+                if (found := target.size(path)) != expected["size"]:
+                    problems.append(f"{document['location']}/{name}: {found} bytes, "
                                     f"the manifest says {expected['size']}")
                     continue
-                size, sha = file_digest(path)
+                size, sha = target.digest(path)
             except OSError as exc:
                 problems.append(f"{document['location']}/{name}: {type(exc).__name__}: {exc}")
                 continue

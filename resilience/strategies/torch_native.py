@@ -19,6 +19,11 @@ Option ``stagger: K`` (per-rank scheme): the seed's advice against filesystem pr
 write in waves of K (ranks 0..K-1, then K..2K-1, ...) with a barrier between waves. Rank 0's scheme
 has a single writer, so there is nothing to stagger.
 
+With ``object_store: s3`` the files are objects under the case's ``s3://`` URL (s3fs,
+`resilience.strategies.targets`): ``torch.save`` streams into an upload that appears only once
+complete, a step "directory" is the prefix of its objects; option ``part_size`` (at least 5 MiB)
+is s3fs's block size, above which a file goes up as a multipart upload.
+
 Each file also records ``check_loss``, the workload's loss on a fixed evaluation batch at save time
 (when the workload offers ``evaluation_loss``): `resilience verify --step-check` recomputes it
 after loading and compares bitwise. Restore reads it into ``recorded_check_loss`` and ignores it.
@@ -35,6 +40,8 @@ import torch.distributed as dist
 
 from ..workloads.base import Workload
 from .base import CheckpointStrategy
+from .dcp_objects import part_size_problem
+from .targets import CheckpointTarget, target_of
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 FORMAT_VERSION = 1
@@ -53,14 +60,14 @@ def check_loss(workload: Workload) -> dict:
     return {CHECK_LOSS_KEY: float(evaluate())} if evaluate is not None else {}
 
 
-def load_checked(path: Path, check_version: bool) -> dict:
-    """The state saved in ``path`` without its stamp (its check loss, if any, stays: the caller pops
-    it); with ``check_version``, refuse a file whose format this code does not know (a checkpoint
-    from another release of the training code)."""
-    state = torch.load(path, weights_only=True)
+def load_checked(path: Path | str, check_version: bool, target: CheckpointTarget | None = None) -> dict:
+    """The state saved in ``path`` (a file, or an object of ``target``) without its stamp (its check
+    loss, if any, stays: the caller pops it); with ``check_version``, refuse a file whose format this
+    code does not know (a checkpoint from another release of the training code)."""
+    state = target.load(path) if target is not None else torch.load(path, weights_only=True)
     versions = state.pop(STAMP_KEY, None)
     if check_version and (not isinstance(versions, dict) or versions.get("format") != FORMAT_VERSION):
-        raise RuntimeError(f"{path.name}: checkpoint stamped {versions}; this reader understands format "
+        raise RuntimeError(f"{str(path).rsplit('/', 1)[-1]}: checkpoint stamped {versions}; this reader understands format "
                            f"{FORMAT_VERSION} (torch {torch.__version__})")
     return state
 
@@ -79,6 +86,14 @@ def keep_last_problem(options) -> tuple[str, str, object, object] | None:
     keep = options.get("keep_last")
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
         return ("strategy.options.keep_last", "must be a number of checkpoints", keep, "an integer >= 1")
+    return part_size_problem(options)
+
+
+def object_store_problem(options, store: str | None) -> tuple[str, str, object, object] | None:
+    """Both schemes write to a directory or, through fsspec, to the case's object store."""
+    if store is None and "part_size" in options:
+        return ("strategy.options.part_size", "has no meaning without an object store", options["part_size"],
+                "object_store: s3 beside it, or leave part_size out")
     return None
 
 
@@ -91,8 +106,25 @@ def prune_step_dirs(root: Path, keep: int | None) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def prune_steps(target: CheckpointTarget, keep: int | None) -> None:
+    """``prune_step_dirs`` on ``target``: a directory, or the step prefixes of an object store."""
+    if keep is None or isinstance(target.root, Path):
+        prune_step_dirs(target.root, keep)
+        return
+    for name in sorted(n for n in target.entries(target.root) if STEP_DIR.match(n))[:-keep]:
+        target.remove_tree(target.join(target.root, name))
+
+
 def step_of(directory: Path) -> int:
     return int(STEP_DIR.match(directory.name).group(1))
+
+
+def newest_step(target: CheckpointTarget) -> int | None:
+    """The highest step with a step directory (or, on objects, a step prefix), complete or not."""
+    if isinstance(target.root, Path):
+        directory = newest_step_dir(target.root)
+        return step_of(directory) if directory is not None else None
+    return max((int(m.group(1)) for n in target.entries(target.root) if (m := STEP_DIR.match(n))), default=None)
 
 
 def newest_step_dir(root: Path) -> Path | None:
@@ -112,24 +144,38 @@ class TorchSave(CheckpointStrategy):
     def file_content(self, workload: Workload) -> dict:
         return {**workload.state_dict(), STAMP_KEY: version_stamp(), **check_loss(workload)}
 
-    def restore_from(self, path: Path, workload: Workload) -> None:
-        state = load_checked(path, bool(self.context.options.get("check_version")))
+    check_options = staticmethod(keep_last_problem)
+    check_object_store = staticmethod(object_store_problem)
+
+    @property
+    def target(self) -> CheckpointTarget:
+        """The checkpoint directory, or the case's object store (``context.checkpoint_url``)."""
+        if getattr(self, "_target", None) is None:
+            from ..scenario.checks import parse_size
+
+            part = self.context.options.get("part_size")
+            self._target = target_of(self.context.checkpoint_dir, self.context.checkpoint_url,
+                                     parse_size(part) if part else None)
+        return self._target
+
+    def restore_from(self, path: Path | str, workload: Workload) -> None:
+        state = load_checked(path, bool(self.context.options.get("check_version")), self.target)
         self.recorded_check_loss = state.pop(CHECK_LOSS_KEY, None)
         workload.load_state_dict(state)
 
-    def file_path(self, step: int) -> Path:
+    def file_path(self, step: int) -> Path | str:
         """This rank's file of the step-``step`` checkpoint."""
         raise NotImplementedError
 
-    def step_location(self, step: int) -> Path:
-        return step_dir(self.context.checkpoint_dir, step)
+    def step_location(self, step: int) -> Path | str:
+        return self.target.join(self.target.root, f"step_{step:08d}")
 
     def load(self, workload: Workload) -> None:
         """The newest step directory, complete or not, without validation or fallback (the seed's
         code); none: start from scratch."""
-        directory = newest_step_dir(self.context.checkpoint_dir)
-        if directory is not None:
-            self.load_step(workload, step_of(directory))
+        step = newest_step(self.target)
+        if step is not None:
+            self.load_step(workload, step)
         else:
             dist.barrier()
 
@@ -140,7 +186,7 @@ class TorchSave(CheckpointStrategy):
     def rewrite_version_stamp(self, step: int, claim: str) -> list[str]:
         path = self.file_path(step)
         restamp(path, claim)
-        return [path.relative_to(self.context.checkpoint_dir).as_posix()]
+        return [self.target.relative(path)]
 
 
 class RankZeroSave(TorchSave):
@@ -151,21 +197,19 @@ class RankZeroSave(TorchSave):
     """
 
     file_name = "model_optim.pt"
-    options = ("save_on_sigterm", "check_version", "keep_last")
+    options = ("save_on_sigterm", "check_version", "keep_last", "part_size")
     option_values: ClassVar[dict[str, tuple[bool, ...]]] = {"save_on_sigterm": (True, False),
                                                             "check_version": (True, False)}
-    check_options = staticmethod(keep_last_problem)
 
     def save(self, workload: Workload, step: int) -> None:
         if self.context.rank == 0:
-            directory = step_dir(self.context.checkpoint_dir, step)
-            directory.mkdir(parents=True, exist_ok=True)
-            torch.save(self.file_content(workload), directory / self.file_name)
-            prune_step_dirs(self.context.checkpoint_dir, self.context.options.get("keep_last"))
+            self.target.make_directory(self.step_location(step))
+            self.target.save(self.file_content(workload), self.file_path(step))
+            prune_steps(self.target, self.context.options.get("keep_last"))
         dist.barrier()
 
-    def file_path(self, step: int) -> Path:
-        return self.step_location(step) / self.file_name
+    def file_path(self, step: int) -> Path | str:
+        return self.target.join(self.step_location(step), self.file_name)
 
     def rewrite_version_stamp(self, step: int, claim: str) -> list[str]:
         return super().rewrite_version_stamp(step, claim) if self.context.rank == 0 else []
@@ -176,29 +220,27 @@ class PerRankSave(TorchSave):
 
     With ``stagger: K`` the ranks write in waves of K, a barrier after each wave."""
 
-    options = ("save_on_sigterm", "check_version", "stagger", "keep_last")
+    options = ("save_on_sigterm", "check_version", "stagger", "keep_last", "part_size")
     option_values: ClassVar[dict[str, tuple[bool, ...] | type]] = {"save_on_sigterm": (True, False),
                                                                    "check_version": (True, False),
                                                                    "stagger": int}
-    check_options = staticmethod(keep_last_problem)
 
     def save(self, workload: Workload, step: int) -> None:
-        directory = step_dir(self.context.checkpoint_dir, step)
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"ckpt_rank_{self.context.rank}.pt"
+        self.target.make_directory(self.step_location(step))
+        path = self.file_path(step)
         wave_size = self.context.options.get("stagger")
         if not wave_size or wave_size >= self.context.world_size:  # one wave: every rank at once
-            torch.save(self.file_content(workload), path)
+            self.target.save(self.file_content(workload), path)
         else:
             waves = -(-self.context.world_size // wave_size)
             for wave in range(waves):
                 if self.context.rank // wave_size == wave:
-                    torch.save(self.file_content(workload), path)
+                    self.target.save(self.file_content(workload), path)
                 if wave < waves - 1:  # the next wave starts once this one has written
                     dist.barrier()
         if self.context.rank == 0:  # without waiting for the others: see keep_last above
-            prune_step_dirs(self.context.checkpoint_dir, self.context.options.get("keep_last"))
+            prune_steps(self.target, self.context.options.get("keep_last"))
         dist.barrier()
 
-    def file_path(self, step: int) -> Path:
-        return self.step_location(step) / f"ckpt_rank_{self.context.rank}.pt"
+    def file_path(self, step: int) -> Path | str:
+        return self.target.join(self.step_location(step), f"ckpt_rank_{self.context.rank}.pt")
