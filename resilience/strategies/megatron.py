@@ -24,7 +24,6 @@ The paths come from `megatron_layout`, which the fuzzer evaluates without proces
 """
 from __future__ import annotations
 
-import sys
 from typing import Any, ClassVar
 
 import torch
@@ -32,7 +31,7 @@ import torch.distributed as dist
 
 from ..workloads.base import Workload
 from .base import CheckpointStrategy
-from .megatron_layout import TRACKER, checkpoint_file, read_tracker
+from .megatron_layout import checkpoint_file, tracked_iteration, write_tracker
 
 CHECKPOINT_VERSION = 3.0
 
@@ -77,21 +76,14 @@ class MegatronCheckpoint(CheckpointStrategy):
                         "opt_param_scheduler": state["scheduler"], "rng_state": rng_state}, path)
         dist.barrier()
         if self.context.rank == 0:
-            with open(self.context.checkpoint_dir / TRACKER, "w") as tracker:
-                tracker.write(str(step))
+            write_tracker(self.context.checkpoint_dir, step)
         dist.barrier()
 
     def load(self, workload: Workload) -> None:
-        tracker = self.context.checkpoint_dir / TRACKER
-        if not tracker.is_file():
-            print(f"WARNING: could not find the metadata file {tracker}; will not load any checkpoints "
-                  "and will start from random", file=sys.stderr)
+        iteration = tracked_iteration(self.context.checkpoint_dir)
+        if iteration is None:
             dist.barrier()
             return
-        iteration = read_tracker(tracker.read_text())
-        if iteration is None:  # Megatron-LM: print_rank_0('ERROR: Invalid metadata file ...'); sys.exit()
-            print(f"ERROR: Invalid metadata file {tracker}. Exiting", file=sys.stderr)
-            sys.exit()
         newest = torch.tensor([iteration])
         dist.all_reduce(newest, op=dist.ReduceOp.MAX)  # as read_metadata: ranks agree on the maximum
         iteration = int(newest)

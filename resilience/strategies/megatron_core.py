@@ -42,7 +42,6 @@ CPU: where CUDA is absent the rank stubs ``torch.cuda.synchronize`` and ``torch.
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any, ClassVar
 
 import torch
@@ -51,7 +50,7 @@ import torch.distributed as dist
 from ..workloads.base import Workload
 from .base import CheckpointStrategy
 from .megatron_core_cpu import apply_cpu_stubs
-from .megatron_layout import TRACKER, iteration_dir, read_tracker
+from .megatron_layout import iteration_dir, tracked_iteration, write_tracker
 
 # megatron-core's StrictHandling values that leave load's return value a state dict
 STRICT_MODES = ("assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpected", "raise_all", "ignore_all")
@@ -122,8 +121,7 @@ class MegatronCoreCheckpoint(CheckpointStrategy):
             dist.barrier()
 
     def _write_tracker(self, step: int) -> None:
-        with open(self.context.checkpoint_dir / TRACKER, "w") as tracker:
-            tracker.write(str(step))
+        write_tracker(self.context.checkpoint_dir, step)
 
     def finish(self, workload: Workload) -> None:
         if self.queue is not None:
@@ -132,16 +130,10 @@ class MegatronCoreCheckpoint(CheckpointStrategy):
     def load(self, workload: Workload) -> None:
         from megatron.core import dist_checkpointing
 
-        tracker = self.context.checkpoint_dir / TRACKER
-        if not tracker.is_file():
-            print(f"WARNING: could not find the metadata file {tracker}; will not load any checkpoints "
-                  "and will start from random", file=sys.stderr)
+        iteration = tracked_iteration(self.context.checkpoint_dir)
+        if iteration is None:
             dist.barrier()
             return
-        iteration = read_tracker(tracker.read_text())
-        if iteration is None:  # Megatron-LM read_metadata: 'ERROR: Invalid metadata file ...'; sys.exit()
-            print(f"ERROR: Invalid metadata file {tracker}. Exiting", file=sys.stderr)
-            sys.exit()
         newest = torch.tensor([iteration])
         dist.all_reduce(newest, op=dist.ReduceOp.MAX)
         directory = str(iteration_dir(self.context.checkpoint_dir, int(newest)))

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ..workloads.base import Workload
 from .deepspeed_zero import Zero1
-from .megatron_layout import TRACKER
+from .megatron_layout import write_tracker
 
 CHECKPOINT_VERSION = 3.0
 
@@ -47,8 +47,7 @@ class MegatronDeepSpeed(Zero1):
                                              client_state=client_state)
         dist.barrier()
         if self.context.rank == 0:
-            with open(self.context.checkpoint_dir / TRACKER, "w") as tracker:
-                tracker.write(str(step))
+            write_tracker(self.context.checkpoint_dir, step)
         dist.barrier()
 
     def load(self, workload: Workload) -> None:

@@ -1,6 +1,7 @@
 """Where Megatron-LM's legacy checkpoint puts each model-parallel rank's file (no torch, no IO)."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -23,6 +24,27 @@ def read_tracker(text: str) -> int | None:
         return int(text.strip())
     except ValueError:
         return None
+
+
+def write_tracker(root: Path, iteration: int) -> None:
+    """Megatron-LM's tracker update (rank 0, after every rank's save returned)."""
+    with open(Path(root) / TRACKER, "w") as tracker:
+        tracker.write(str(iteration))
+
+
+def tracked_iteration(root: Path) -> int | None:
+    """Megatron-LM's read_metadata: the iteration the tracker names; None, with its warning, when
+    there is no tracker (training starts from random); an invalid tracker exits, as it does."""
+    tracker = Path(root) / TRACKER
+    if not tracker.is_file():
+        print(f"WARNING: could not find the metadata file {tracker}; will not load any checkpoints "
+              "and will start from random", file=sys.stderr)
+        return None
+    iteration = read_tracker(tracker.read_text())
+    if iteration is None:  # Megatron-LM: print_rank_0('ERROR: Invalid metadata file ...'); sys.exit()
+        print(f"ERROR: Invalid metadata file {tracker}. Exiting", file=sys.stderr)
+        sys.exit()
+    return iteration
 
 
 def iteration_dir(root: Path, iteration: int) -> Path:
