@@ -16,6 +16,7 @@ def probe_in_local_ranks(case: Case, case_file: Path, checkpoint_dir: Path, work
                          phases: list[PhaseResult]) -> tuple[int | None, tuple[PhaseResult, ...]]:
     """``phases``: the job's reference, first run and restart. The newest intact older step (None:
     none, or not probed) and the probe phases, each in ``work_dir/fallback_step_<N>``."""
+    harness = Harness()  # for every probe
 
     def run_step(step: int) -> PhaseResult:
         phase_dir = work_dir / f"{FALLBACK}_step_{step}"
@@ -24,7 +25,7 @@ def probe_in_local_ranks(case: Case, case_file: Path, checkpoint_dir: Path, work
                          phase_dir=str(phase_dir), start="step", save=False, inject=False, record_states=False,
                          snapshot_dir=None, snapshot_step=step, rank_map=case.restart.rank_map,
                          collective_timeout_s=case.timeouts.collective_s)
-        return Harness().run_phase(plan, case, backend=backend_for_restart(case))
+        return harness.run_phase(plan, case, backend=backend_for_restart(case))
 
     reference, first_run, restart = phases[:3]
     return availability.probe(case, first_run, restart, reference, run_step)
