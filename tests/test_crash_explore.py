@@ -27,6 +27,7 @@ from resilience.disk.interception import Interceptor
 from resilience.disk.io_trace import TraceWriter, read_trace
 from resilience.core.case import FaultSpec, Trigger, VerdictKind
 from tests.harness_helpers import case_from
+from tests.procs import child_pids
 
 FORK = multiprocessing.get_context("fork")
 SAVE = 8  # the explored save; step 4 is the earlier, durable one
@@ -280,21 +281,11 @@ def test_a_rename_without_a_directory_fsync_loses_a_checkpoint_whose_save_return
     assert any("rename step_00000008/ckpt_rank_" in finding for finding in result.verdict.findings)
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            found += [int(child) for child in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return found
-
-
 def _ranks_of_the_fork_server() -> list[int]:
     """Processes forked by this test process's fork server (ranks, warm or not) still alive."""
-    servers = [pid for pid in _children(os.getpid())
+    servers = [pid for pid in child_pids(os.getpid())
                if b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-    return [rank for server in servers for rank in _children(server)]
+    return [rank for server in servers for rank in child_pids(server)]
 
 
 def test_the_seed_scheme_is_explored_exhaustively_in_warm_ranks_and_the_canary_agrees(tmp_path):

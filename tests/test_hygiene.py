@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import child_pids
+
 REPO = Path(__file__).resolve().parents[1]
 MARKER = "RESILIENCE_HYGIENE_MARK"
 MID_CASE_DEADLINE_S = 180  # pytest start, the forkserver's warm-up and the reference, on 2 busy cores
@@ -146,8 +148,8 @@ class Run:
 
     def busy_worker(self) -> int:
         """The xdist worker running the case: the child of pytest that started processes of its own."""
-        workers = [pid for pid in _children(self.pytest.pid) if _children(pid)]
-        assert len(workers) == 1, f"expected one busy xdist worker among {_children(self.pytest.pid)}"
+        workers = [pid for pid in child_pids(self.pytest.pid) if child_pids(pid)]
+        assert len(workers) == 1, f"expected one busy xdist worker among {child_pids(self.pytest.pid)}"
         return workers[0]
 
     def wait_exit(self) -> None:
@@ -185,16 +187,6 @@ class Run:
             subprocess.run(["umount", "-l", mount], check=False, capture_output=True, timeout=30)
         for name in set(self.created_namespaces) & set(_netns()):
             subprocess.run(["ip", "netns", "delete", name], check=False, capture_output=True, timeout=30)
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            found += [int(child) for child in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return found
 
 
 def _pgid(pid: int) -> int | None:
