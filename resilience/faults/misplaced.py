@@ -81,11 +81,14 @@ class StalePointer(DamageAfterSave):
             if self.spec.params["points_to"] == "missing":
                 new = f"{current}-missing"
             else:
-                others = [d for d in path.parent.iterdir() if d.is_dir() and d.name != current
+                # an iteration tracker (Megatron's) names a number: the older tag's iteration then
+                name_of = (lambda d: str(int(d.name.lstrip("abcdefghijklmnopqrstuvwxyz_") or 0))) \
+                    if current.isdigit() else (lambda d: d.name)
+                others = [d for d in path.parent.iterdir() if d.is_dir() and name_of(d) != current
                           and any(d.iterdir())]
                 if not others:
                     raise ValueError(f"no older tag beside {path} to point to (it names {current!r})")
-                new = max(others, key=lambda d: d.stat().st_mtime_ns).name
+                new = name_of(max(others, key=lambda d: d.stat().st_mtime_ns))
             path.write_text(new)
             changes.append([current, new])
         return {"pointer": changes}

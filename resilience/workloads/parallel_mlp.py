@@ -47,6 +47,18 @@ class _SumOverTensorGroup(torch.autograd.Function):
         return grad, None
 
 
+class StageModule(torch.nn.Module):
+    """This rank's layers; ``forward`` runs its blocks (an engine such as DeepSpeed calls it).
+    Parameters keep their names (``layer1.weight``, ...)."""
+
+    def __init__(self, run_blocks):
+        super().__init__()
+        self.run_blocks = run_blocks
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.run_blocks(inputs)
+
+
 class TensorParallelMLP(Workload):
     """A tanh MLP (input -> hidden -> hidden -> 1) with Adam and the `mlp` LR schedule, trained on
     the `mlp` dataset; layer 1 is column-parallel, layer 2 row-parallel, layer 3 replicated.
@@ -97,12 +109,12 @@ class TensorParallelMLP(Workload):
         torch.manual_seed(spec.seed)  # the full model, identical on every rank, then this rank's shard
         full = [torch.nn.Linear(self.input_dim, self.hidden), torch.nn.Linear(self.hidden, self.hidden),
                 torch.nn.Linear(self.hidden, 1)]
-        self.model = torch.nn.Module()
+        self.model = StageModule(self.run_blocks)
         for block in self.blocks:
             layer = torch.nn.Module()
             for name in BLOCK_PARAMS[block]:
                 full_tensor = getattr(full[block], name.split(".")[1]).detach()
-                layer.register_parameter(name.split(".")[1], torch.nn.Parameter(self._shard(name, full_tensor)))
+                layer.register_parameter(name.split(".")[1], torch.nn.Parameter(self.shard(name, full_tensor)))
             self.model.add_module(f"layer{block + 1}", layer)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.base_lr, foreach=False)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor)
@@ -115,7 +127,8 @@ class TensorParallelMLP(Workload):
         self.sampler = ShuffledSampler(spec.seed, self.dataset_size, spec.global_batch)
 
     # -- sharding ---------------------------------------------------------------------------------
-    def _shard(self, name: str, full: torch.Tensor) -> torch.Tensor:
+    def shard(self, name: str, full: torch.Tensor) -> torch.Tensor:
+        """This rank's tensor-parallel slice of a full parameter (or of its Adam moment)."""
         dim = SPLIT_DIM[name]
         if dim is None:
             return full.clone()
@@ -124,13 +137,12 @@ class TensorParallelMLP(Workload):
 
     def _params(self) -> dict[str, torch.nn.Parameter]:
         return dict(self.model.named_parameters())
-
     # -- training ---------------------------------------------------------------------------------
     @property
     def step(self) -> int:
         return self._step
 
-    def _next_local_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_local_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         batch = self.spec.global_batch
         indices = self.sampler.next_indices()
         start = self.coords.dp * self.local_batch
@@ -151,8 +163,13 @@ class TensorParallelMLP(Workload):
             return torch.tanh(total + layer.bias)
         return F.linear(x, layer.weight, layer.bias)
 
+    def run_blocks(self, activation: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            activation = self._block(block, activation)
+        return activation
+
     def train_step(self) -> float:
-        inputs, targets = self._next_local_batch()
+        inputs, targets = self.next_local_batch()
         self.optimizer.zero_grad(set_to_none=False)
         stage, stages = self.coords.pp, self.topology.pp
         if stage == 0:
@@ -163,8 +180,7 @@ class TensorParallelMLP(Workload):
             received = torch.empty(self.local_batch, width)
             dist.recv(received, src=self.pipeline_ranks[stage - 1])
             activation = received.requires_grad_()
-        for block in self.blocks:
-            activation = self._block(block, activation)
+        activation = self.run_blocks(activation)
         if stage == stages - 1:
             loss = ((activation - targets) ** 2).sum() / self.spec.global_batch
             loss.backward()
@@ -186,12 +202,22 @@ class TensorParallelMLP(Workload):
             dist.broadcast(loss_value, src=self.pipeline_ranks[-1], group=self.pipeline_group)
         return float(loss_value)
 
+    def count_step(self) -> None:  # an engine that drives this workload (DeepSpeed) finished a step
+        self._step += 1
+
     # -- state ------------------------------------------------------------------------------------
+    def progress_state(self) -> dict[str, Any]:
+        return {"step": self._step, "data": self.sampler.state(), "rng": self.rng.get_state()}
+
+    def load_progress_state(self, state: dict[str, Any]) -> None:
+        self.sampler.load(state["data"])
+        self.rng.set_state(state["rng"])
+        self._step = int(state["step"])
+
     def state_dict(self) -> dict[str, Any]:
         """This rank's shard: what a model-parallel checkpoint holds for it."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "step": self._step,
-                "data": self.sampler.state(), "rng": self.rng.get_state()}
+                "scheduler": self.scheduler.state_dict(), **self.progress_state()}
 
     def sharded_state_dict(self, loading: bool = False) -> dict[str, Any]:
         """This rank's state as megatron-core's dist_checkpointing saves and loads it
@@ -210,20 +236,20 @@ class TensorParallelMLP(Workload):
         self.model.load_state_dict(state["model"])  # strict: a missing key or another shard shape raises
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.sampler.load(state["data"])
-        self.rng.set_state(state["rng"])
-        self._step = int(state["step"])
+        self.load_progress_state(state)
 
-    def full_state(self) -> dict[str, Any]:
-        """The unsharded model and optimizer state, gathered from every shard (collective)."""
+    def full_state(self, held: dict[str, dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:
+        """The unsharded model and optimizer state, gathered from every shard (collective).
+        ``held``: this rank's shard by name (``param`` and Adam's entries) where an engine owns it."""
         adam = self.optimizer.state
-        mine = {name: {"param": p.detach().clone(), **{k: v.clone() for k, v in adam.get(p, {}).items()}}
-                for name, p in self._params().items()}
+        held = held if held is not None else {
+            name: {"param": p.detach().clone(), **{k: v.clone() for k, v in adam.get(p, {}).items()}}
+            for name, p in self._params().items()}
         pieces: list[Any] = [None] * self.world_size
-        dist.all_gather_object(pieces, (self.coords.tp, self.coords.pp, self.coords.dp, mine))
+        dist.all_gather_object(pieces, (self.coords.tp, self.coords.pp, self.coords.dp, held))
         full: dict[str, dict[str, torch.Tensor]] = {}
         for name, dim in SPLIT_DIM.items():
-            shards = sorted((tp, held[name]) for tp, _pp, dp, held in pieces if dp == 0 and name in held)
+            shards = sorted((tp, own[name]) for tp, _pp, dp, own in pieces if dp == 0 and name in own)
             full[name] = {entry: (shards[0][1][entry] if dim is None or entry == "step"
                                   else torch.cat([s[entry] for _, s in shards], dim=dim))
                           for entry in shards[0][1]}
@@ -251,8 +277,8 @@ class TensorParallelMLP(Workload):
         own = directory / f"dp_{self.coords.dp}.pt"
         rng = torch.load(own, weights_only=True)["rng"] if own.exists() else self.rng.get_state()
         names = list(self._params())
-        self.model.load_state_dict({n: self._shard(n, full["model"][n]) for n in names})
-        optimizer_state = {index: {k: (v if k == "step" else self._shard(n, v))
+        self.model.load_state_dict({n: self.shard(n, full["model"][n]) for n in names})
+        optimizer_state = {index: {k: (v if k == "step" else self.shard(n, v))
                                    for k, v in full["optimizer"]["state"][n].items()}
                            for index, n in enumerate(names) if full["optimizer"]["state"][n]}
         self.optimizer.load_state_dict({"state": optimizer_state, "param_groups": [
