@@ -93,6 +93,17 @@ def test_a_stale_pointer_names_the_older_tag_or_one_that_does_not_exist(tmp_path
     assert not (tmp_path / latest.read_text()).exists()
 
 
+def test_a_stale_iteration_tracker_names_the_older_iteration(tmp_path):
+    """Megatron's tracker holds an iteration number, not a directory name."""
+    for tag in ("iter_0000004", "iter_0000008"):
+        (tmp_path / tag).mkdir()
+        (tmp_path / tag / "x.pt").write_bytes(b"x")
+    os.utime(tmp_path / "iter_0000008", ns=(10**9,) * 2)  # the oldest mtime: still never its own iteration
+    tracker = tmp_path / "latest_checkpointed_iteration.txt"
+    tracker.write_text("8")
+    assert _fault("stale_pointer", file=tracker.name).damage([tracker]) == {"pointer": [["8", "4"]]}
+
+
 @pytest.mark.parametrize("fault, key, allowed", [
     ({"kind": "bit_flip", "bit": 8}, "fault.bit", "0..7"),
     ({"kind": "bit_flip", "offset": "end"}, "fault.offset", "middle"),
