@@ -42,7 +42,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
     import torch.distributed as dist
 
     from ..core import registry
-    from ..core.device import for_rank
+    from ..core.device import for_rank, rank_device
     from ..faults.base import Clock, RankEnvironment
     from ..disk.interception import Interceptor
     from ..scenario.loader import read_case_file
@@ -93,7 +93,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
         dist.init_process_group(for_rank(rank).backend, store=store, rank=rank, world_size=plan.world_size,
                                 timeout=timedelta(seconds=plan.collective_timeout_s))
     events.emit("joined", world_size=plan.world_size, versions=_versions(), node=topology.node_of(rank),
-                local_rank=topology.local_rank(rank))
+                local_rank=topology.local_rank(rank), backend=dist.get_backend(), device=rank_device())
     context = StrategyContext(checkpoint_dir=checkpoint_dir, rank=rank, world_size=plan.world_size,
                               previous_rank=plan.rank_map[rank] if plan.start in ("strategy", "step") else None,
                               options=dict(case.strategy.options), topology=topology,

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from ..core.device import rank_device
 from ..workloads.base import Workload
 from .base import CheckpointStrategy
 from .megatron_layout import checkpoint_file, tracked_iteration, write_tracker
@@ -84,7 +85,7 @@ class MegatronCheckpoint(CheckpointStrategy):
         if iteration is None:
             dist.barrier()
             return
-        newest = torch.tensor([iteration])
+        newest = torch.tensor([iteration], device=rank_device())  # a CUDA tensor under NCCL
         dist.all_reduce(newest, op=dist.ReduceOp.MAX)  # as read_metadata: ranks agree on the maximum
         iteration = int(newest)
         path = checkpoint_file(self.context.checkpoint_dir, iteration, self.coords.tp, self.coords.pp,

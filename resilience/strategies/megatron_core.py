@@ -47,6 +47,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from ..core.device import rank_device
 from ..workloads.base import Workload
 from .base import CheckpointStrategy
 from .megatron_core_cpu import apply_cpu_stubs
@@ -134,7 +135,7 @@ class MegatronCoreCheckpoint(CheckpointStrategy):
         if iteration is None:
             dist.barrier()
             return
-        newest = torch.tensor([iteration])
+        newest = torch.tensor([iteration], device=rank_device())  # a CUDA tensor under NCCL
         dist.all_reduce(newest, op=dist.ReduceOp.MAX)
         directory = str(iteration_dir(self.context.checkpoint_dir, int(newest)))
         loaded = dist_checkpointing.load(workload.sharded_state_dict(loading=True), directory,

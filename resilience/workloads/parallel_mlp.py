@@ -17,10 +17,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..core.case import WorkloadSpec
+from ..core.device import rank_device
 from ..core.topology import Topology
 from .base import Workload, flatten_state, tensor_digest
 from .data import ShuffledSampler, synthetic_dataset
 from .mlp import hidden_width, lr_factor, sum_gradients
+from .tensor_parallel import StageModule, SumOverTensorGroup, own_group
 
 # Three blocks of layers; a pipeline of pp stages holds them as STAGE_BLOCKS[pp][stage].
 STAGE_BLOCKS = {1: ((0, 1, 2),), 2: ((0, 1), (2,)), 3: ((0,), (1,), (2,))}
@@ -30,33 +32,6 @@ BLOCK_PARAMS = {0: ("layer1.weight", "layer1.bias"), 1: ("layer2.weight", "layer
 SPLIT_DIM = {"layer1.weight": 0, "layer1.bias": 0, "layer2.weight": 1, "layer2.bias": None,
              "layer3.weight": None, "layer3.bias": None}
 HIDDEN_MULTIPLE = 24  # hidden width divisible by tp = 1, 2, 3, 4, 6, 8, 12, 24
-
-
-class _SumOverTensorGroup(torch.autograd.Function):
-    """The row-parallel layer's all-reduce: forward sums the partial products, backward passes the
-    (replicated) gradient straight to each rank's partial product."""
-
-    @staticmethod
-    def forward(ctx, partial: torch.Tensor, group) -> torch.Tensor:
-        total = partial.clone()
-        dist.all_reduce(total, group=group)
-        return total
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return grad, None
-
-
-class StageModule(torch.nn.Module):
-    """This rank's layers; ``forward`` runs its blocks (an engine such as DeepSpeed calls it).
-    Parameters keep their names (``layer1.weight``, ...)."""
-
-    def __init__(self, run_blocks):
-        super().__init__()
-        self.run_blocks = run_blocks
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.run_blocks(inputs)
 
 
 class TensorParallelMLP(Workload):
@@ -98,14 +73,15 @@ class TensorParallelMLP(Workload):
         if problem:
             raise ValueError(problem)
         self.coords = topo.coords(rank)
-        self.tensor_group = _own_group(topo.tensor_groups(), rank)
-        self.data_group = _own_group(topo.data_groups(), rank)
+        self.tensor_group = own_group(topo.tensor_groups(), rank)
+        self.data_group = own_group(topo.data_groups(), rank)
         self.pipeline_ranks = next(g for g in topo.pipeline_groups() if rank in g)
-        self.pipeline_group = _own_group(topo.pipeline_groups(), rank)
+        self.pipeline_group = own_group(topo.pipeline_groups(), rank)
         self.blocks = STAGE_BLOCKS[topo.pp][self.coords.pp]
         self.hidden = self.hidden_width(spec)
         self.local_batch = spec.global_batch // topo.dp
 
+        self.device = torch.device(rank_device())  # cuda:LOCAL_RANK under NCCL, else the CPU
         torch.manual_seed(spec.seed)  # the full model, identical on every rank, then this rank's shard
         full = [torch.nn.Linear(self.input_dim, self.hidden), torch.nn.Linear(self.hidden, self.hidden),
                 torch.nn.Linear(self.hidden, 1)]
@@ -114,12 +90,13 @@ class TensorParallelMLP(Workload):
             layer = torch.nn.Module()
             for name in BLOCK_PARAMS[block]:
                 full_tensor = getattr(full[block], name.split(".")[1]).detach()
-                layer.register_parameter(name.split(".")[1], torch.nn.Parameter(self.shard(name, full_tensor)))
+                layer.register_parameter(name.split(".")[1], torch.nn.Parameter(self.shard(name, full_tensor).to(self.device)))
             self.model.add_module(f"layer{block + 1}", layer)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.base_lr, foreach=False)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor)
 
-        self.inputs, self.targets = synthetic_dataset(spec.seed, self.dataset_size, self.input_dim)
+        inputs, targets = synthetic_dataset(spec.seed, self.dataset_size, self.input_dim)
+        self.inputs, self.targets = inputs.to(self.device), targets.to(self.device)
         distinct = spec.rank_rng == "distinct"
         self.rng = torch.Generator().manual_seed(spec.seed + 2 + ((self.coords.dp + 1) * 7919 if distinct else 0))
         self.rank_local_keys = ("rng",) if distinct else ()
@@ -151,7 +128,8 @@ class TensorParallelMLP(Workload):
             noise = torch.randn(batch, self.input_dim, generator=self.rng)[start:start + self.local_batch]
         else:
             noise = torch.randn(self.local_batch, self.input_dim, generator=self.rng)
-        return self.inputs[local] + self.noise_scale * noise, self.targets[local]
+        local = local.to(self.device)  # the data order and the noise stream stay on the CPU
+        return self.inputs[local] + self.noise_scale * noise.to(self.device), self.targets[local]
 
     def _block(self, block: int, x: torch.Tensor) -> torch.Tensor:
         layer = getattr(self.model, f"layer{block + 1}")
@@ -159,7 +137,7 @@ class TensorParallelMLP(Workload):
             return torch.tanh(F.linear(x, layer.weight, layer.bias))
         if block == 1:  # row-parallel: partial products summed over the tensor-parallel group
             partial = F.linear(x, layer.weight)
-            total = _SumOverTensorGroup.apply(partial, self.tensor_group) if self.topology.tp > 1 else partial
+            total = SumOverTensorGroup.apply(partial, self.tensor_group) if self.topology.tp > 1 else partial
             return torch.tanh(total + layer.bias)
         return F.linear(x, layer.weight, layer.bias)
 
@@ -177,7 +155,7 @@ class TensorParallelMLP(Workload):
             activation = inputs
         else:  # this rank's tensor-parallel slice (after block 0) or the full width (after block 1)
             width = self.hidden // self.topology.tp if self.blocks[0] == 1 else self.hidden
-            received = torch.empty(self.local_batch, width)
+            received = torch.empty(self.local_batch, width, device=self.device)
             dist.recv(received, src=self.pipeline_ranks[stage - 1])
             activation = received.requires_grad_()
         activation = self.run_blocks(activation)
@@ -190,7 +168,7 @@ class TensorParallelMLP(Workload):
             grad = torch.empty_like(activation)
             dist.recv(grad, src=self.pipeline_ranks[stage + 1])
             activation.backward(grad)
-            local_loss = torch.zeros(1)
+            local_loss = torch.zeros(1, device=self.device)
         if received is not None:
             dist.send(received.grad.contiguous(), dst=self.pipeline_ranks[stage - 1])
         loss_value = sum_gradients(self.model.parameters(), local_loss, self.data_group,
@@ -245,6 +223,7 @@ class TensorParallelMLP(Workload):
         held = held if held is not None else {
             name: {"param": p.detach().clone(), **{k: v.clone() for k, v in adam.get(p, {}).items()}}
             for name, p in self._params().items()}
+        held = {name: {key: value.cpu() for key, value in entry.items()} for name, entry in held.items()}
         pieces: list[Any] = [None] * self.world_size
         dist.all_gather_object(pieces, (self.coords.tp, self.coords.pp, self.coords.dp, held))
         full: dict[str, dict[str, torch.Tensor]] = {}
@@ -287,13 +266,3 @@ class TensorParallelMLP(Workload):
         self.load_state_dict({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                               "scheduler": full["scheduler"], "step": full["step"], "data": full["data"],
                               "rng": rng if self.rank_local_keys else full["rng"]})
-
-
-def _own_group(groups: list[tuple[int, ...]], rank: int):
-    """Create every group in the same order on every rank (new_group is collective) and keep ours."""
-    own = None
-    for ranks in groups:
-        group = dist.new_group(list(ranks)) if len(groups) > 1 or len(ranks) != dist.get_world_size() else None
-        if rank in ranks:
-            own = group if group is not None else dist.group.WORLD
-    return own
