@@ -85,7 +85,7 @@ class MegatronDeepSpeed(Zero1):
         return self.workload
 
     def _args(self) -> dict[str, int]:
-        topology = self.context.topology
+        topology = self.context.placement
         return {"tensor_model_parallel_size": topology.tp, "pipeline_model_parallel_size": topology.pp,
                 "data_parallel_size": topology.dp}
 
