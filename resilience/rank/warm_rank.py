@@ -90,8 +90,9 @@ def leftovers(before: dict, after: dict) -> list[str]:
             if name in new:
                 new.remove(name)
         found.append(f"{len(after['threads']) - len(before['threads'])} more threads ({', '.join(new)})")
-    if after["children"]:
-        found.append(f"child processes {', '.join(after['children'])}")
+    children = [child for child in after["children"] if child not in before["children"]]
+    if children:
+        found.append(f"child processes {', '.join(children)}")
     if after["signals"] != before["signals"]:
         found.append("signal handlers changed")
     return found
@@ -104,7 +105,7 @@ def serve(pool_dir: Path, rank: int, world_size: int) -> int:
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     parent = os.getppid()
     base_store = _pool_store(pool_dir, rank, world_size)
-    clean = process_state()
+    clean = None  # the state each restore must leave, once the strategy's process-wide helpers run
     job = 0
     while True:
         path = job_path(pool_dir, job)
@@ -115,6 +116,9 @@ def serve(pool_dir: Path, rank: int, world_size: int) -> int:
         plan = PhasePlan.read(Path(json.loads(path.read_text())["plan"]))
         redirect_output(plan.log_paths(rank))
         events = EventLog(plan.events_path(rank), rank)
+        if clean is None:  # a pool serves one case: one strategy
+            _warm_strategy_process(plan)
+            clean = process_state()
         status = 0
         try:
             run(plan, rank, events, store=dist.PrefixStore(f"restore{job}/", base_store))
@@ -134,6 +138,14 @@ def serve(pool_dir: Path, rank: int, world_size: int) -> int:
         if left:
             return 0
         job += 1
+
+
+def _warm_strategy_process(plan: PhasePlan) -> None:
+    from ..core import registry
+    from ..scenario.loader import read_case_file
+
+    case = read_case_file(Path(plan.case_file))
+    registry.resolve("strategy", case.strategy.name).warm_process(case.strategy.options)
 
 
 def _pool_store(pool_dir: Path, rank: int, world_size: int):

@@ -156,6 +156,13 @@ class CheckpointStrategy(ABC):
     warm_restores: ClassVar[bool] = False
 
     @classmethod
+    def warm_process(cls, options: Mapping[str, Any]) -> None:
+        """Start what the library keeps for a process's whole life (a helper it creates at its first
+        save and reuses), so that a warm rank has it before it records the state each restore must
+        leave as it found it, as a training process has it after its first save. Called once in
+        each warm rank, before its first restore; nothing by default."""
+
+    @classmethod
     def restores_warm(cls, options: Mapping[str, Any]) -> bool:
         """``warm_restores`` of the strategy configured with ``options`` (a wrapper: its inner's
         too). Called in the harness."""

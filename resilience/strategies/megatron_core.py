@@ -42,6 +42,7 @@ CPU: where CUDA is absent the rank stubs ``torch.cuda.synchronize`` and ``torch.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -70,6 +71,15 @@ class MegatronCoreCheckpoint(CheckpointStrategy):
     records_version = True
     # a load keeps nothing for the next (a reader per load; the cached results queue is the save's)
     warm_restores = True
+
+    @classmethod
+    def warm_process(cls, options: Mapping[str, Any]) -> None:
+        """megatron-core's process-wide writer-results queue: a ``multiprocessing`` Manager (a
+        spawned process, with its resource tracker) created at a process's first save and kept for
+        its life (``filesystem_async.py:48-56``, ``_get_write_results_queue``, called at 185)."""
+        from megatron.core.dist_checkpointing.strategies.filesystem_async import _get_write_results_queue
+
+        _get_write_results_queue()
 
     def prepare(self, workload: Workload) -> Workload:
         if not workload.model_parallel:

@@ -2,6 +2,8 @@
 all-reduce, the module an engine wraps, and the creation of the process groups."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.distributed as dist
 
@@ -23,14 +25,16 @@ class SumOverTensorGroup(torch.autograd.Function):
 
 class StageModule(torch.nn.Module):
     """This rank's layers; ``forward`` runs its blocks (an engine such as DeepSpeed calls it).
-    Parameters keep their names (``layer1.weight``, ...)."""
+    Parameters keep their names (``layer1.weight``, ...). It holds its workload's ``run_blocks``
+    weakly: no reference cycle, so the workload and its process groups (their gloo threads) go as
+    soon as the workload does, not at the next garbage collection (a warm rank checks for them)."""
 
     def __init__(self, run_blocks):
         super().__init__()
-        self.run_blocks = run_blocks
+        self.run_blocks = weakref.WeakMethod(run_blocks)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.run_blocks(inputs)
+        return self.run_blocks()(inputs)
 
 
 def own_group(groups: list[tuple[int, ...]], rank: int):
