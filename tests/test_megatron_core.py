@@ -145,3 +145,16 @@ def test_trace_of_a_forked_writer_merges_into_its_rank(tmp_path):
     assert [(op.kind, op.source) for op in ops] == [("open", ""), ("write", f"fork{pid}"), ("close", "")]
     assert [op.seq for op in ops] == [0, 1, 2]
     assert read_payload(payload_path(tmp_path, ops[1]), ops[1]) == b"abc"
+
+
+def test_a_warm_rank_counts_only_the_child_processes_a_restore_started():
+    """megatron-core's writer-results Manager lives as long as its process (``warm_process`` starts it
+    before the warm rank's baseline): only a child process new since then retires the rank."""
+    from resilience.rank.warm_rank import leftovers
+
+    signals = ["SIG_DFL"]
+    baseline = {"threads": ["python"], "children": ["101"], "signals": signals}
+    assert leftovers(baseline, {"threads": ["python"], "children": ["101"], "signals": signals}) == []
+    assert leftovers(baseline, {"threads": ["python"], "children": ["101", "202"], "signals": signals}) == [
+        "child processes 202"]
+
