@@ -33,11 +33,12 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from ..workloads.base import Workload
 from .deepspeed_engine import deepspeed_version, import_deepspeed
-from .deepspeed_zero import Zero1
+from .deepspeed_zero import Zero1, load_weights_only
 from .megatron_deepspeed_engine import TensorParallelGroups, ZeroTrainedTensorParallel
 from .megatron_layout import write_tracker
 
@@ -99,6 +100,23 @@ class MegatronDeepSpeed(Zero1):
         if self.context.rank == 0:
             write_tracker(self.context.checkpoint_dir, step)
         dist.barrier()
+
+    def rewrite_version_stamp(self, step: int, claim: str) -> list[str]:
+        """``ds_version`` in this rank's files of the tag: its ZeRO shard, named by its data- and
+        tensor-parallel ranks, and, on data-parallel rank 0, its tensor rank's model states."""
+        coords = self.context.placement.coords(self.context.rank)
+        mine = [f"zero_pp_rank_{coords.dp}_mp_rank_{coords.tp:02d}_optim_states.pt"]
+        if coords.dp == 0:
+            mine.append(f"mp_rank_{coords.tp:02d}_model_states.pt")
+        root, changed = self.context.checkpoint_dir, []
+        for path in (root / self.tag_for(step) / name for name in mine):
+            state = load_weights_only(path)
+            for holder in (state, *(v for v in state.values() if isinstance(v, dict))):
+                if "ds_version" in holder:
+                    holder["ds_version"] = self.CLAIMED_DS_VERSIONS[claim]
+            torch.save(state, path)
+            changed.append(path.relative_to(root).as_posix())
+        return changed
 
     def load(self, workload: Workload) -> None:
         path, client_state = self.workload.engine.load_checkpoint(str(self.context.checkpoint_dir),
