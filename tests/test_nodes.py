@@ -23,7 +23,7 @@ from resilience.launch.nodes import Nodes
 from resilience.oracle.outcome import judge_case
 from resilience.report.text import verdict_line
 from resilience.run.harness import Harness
-from resilience.run.nodes_job import run_job_on_nodes
+from resilience.run.nodes_job import FAST_RDZV, run_job_on_nodes
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO = REPO / "scenarios" / "node_loss.scenario.yaml"
@@ -135,7 +135,8 @@ def test_losing_the_node_that_hosts_the_store_ends_the_whole_job_loudly(tmp_path
     scenario = tmp_path / "store_host.scenario.yaml"
     scenario.write_text(textwrap.dedent(STORE_HOST))
     job = run_job_on_nodes(scenario, None, nodes=2, nproc_per_node=2, work_dir=tmp_path / "job", min_nodes=1,
-                           share_store=False, deadline_s=DEADLINE_S)
+                           share_store=False, deadline_s=DEADLINE_S,
+                           rdzv_conf=FAST_RDZV + ",read_timeout=5")  # each attempt to reach the store: 5 s, not 60
     assert_nothing_left(job)
     assert [n.index for n in job.survivors()] == [1]
     line = job.survivors()[0].verdict_line
@@ -150,7 +151,7 @@ def test_a_harness_killed_mid_job_leaves_no_namespace_agent_rank_or_disk(tmp_pat
     script = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from resilience.run.nodes_job import run_job_on_nodes
+        from resilience.run.nodes_job import FAST_RDZV, run_job_on_nodes
         run_job_on_nodes(Path({str(SCENARIO)!r}), {TORN!r}, nodes=2, nproc_per_node=2, work_dir=Path(sys.argv[1]))
         """)
     work = tmp_path / "job"
@@ -196,7 +197,10 @@ def test_a_node_is_killed_whole_through_its_namespace(tmp_path):
     """Processes in sessions of their own (as torch elastic starts its workers) die with the node."""
     with Nodes(2, tmp_path / "disks") as machine:
         log = tmp_path / "node1.log"
-        machine.start(1, ["sh", "-c", "setsid sleep 300 & setsid sleep 300 & sleep 300"], dict(os.environ), log)
+        spawner = ("import subprocess, time\n"
+                   "children = [subprocess.Popen(['sleep', '300'], start_new_session=True) for _ in range(2)]\n"
+                   "time.sleep(300)\n")
+        machine.start(1, [sys.executable, "-c", spawner], dict(os.environ), log)
         deadline = time.monotonic() + 10
         while len(machine.pids(1)) < 3:
             assert time.monotonic() < deadline, machine.pids(1)
