@@ -82,6 +82,9 @@ def test_a_lost_node_is_replaced_by_a_spare_and_every_driver_prints_the_local_ha
     local = Harness(work_root=tmp_path / "local").run(case_named(TORN))
     expected = f"{judge_case(local).status.upper():<6} {verdict_line(local)}"
     assert local.verdict.kind is VerdictKind.LOUD, local.verdict.findings
+    local_first_run = local.phases[1]  # the local harness lost node 1 at once too: ranks 2 and 3
+    assert [r.returncode for r in local_first_run.ranks][2:] == [-9, -9]
+    assert "node 1 lost: ranks [2, 3] SIGKILLed at once" in "\n".join(local.verdict.findings)
     assert [n.verdict_line for n in survivors] == [expected, expected], [n.output for n in survivors]
 
     first_run = phase_events(job.case_dir, "launch0.restart0", "first_run")
@@ -213,3 +216,61 @@ def test_a_node_is_killed_whole_through_its_namespace(tmp_path):
         assert (tmp_path / "disks" / "node1").is_dir()
     assert not (tmp_path / "disks").exists()
     assert not [name for name in netns.list_namespaces() if name.startswith(f"resilience-{os.getpid()}-")]
+
+
+# -- without root: the pieces ------------------------------------------------------------------------
+
+def test_ranks_agree_on_their_incarnation_whatever_their_agents_restart_counts_say(tmp_path):
+    """Rounds of 4, then 4 (a spare replaced a node), then 2 (elastic shrink): each process takes a
+    ticket as it starts; the rounds are recorded once, by whichever process came first."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from resilience.core.elastic_layout import Incarnation, claim_incarnation
+
+    seen = []
+    for size in (4, 4, 2):
+        with ThreadPoolExecutor(size) as pool:
+            seen.append(set(pool.map(lambda _: claim_incarnation(tmp_path, 0, size), range(size))))
+    assert seen == [{Incarnation(0, 0)}, {Incarnation(0, 1)}, {Incarnation(0, 2)}]
+    assert claim_incarnation(tmp_path, 1, 4) == Incarnation(1, 0)  # each launch counts afresh
+    assert sorted(p.name for p in (tmp_path / "launch0.rounds").iterdir()) == ["0", "1", "2"]
+
+
+def test_the_per_node_command_is_the_documented_one(tmp_path):
+    from resilience.launch.torchrun_command import TorchrunOptions, torchrun_command
+    from resilience.run.nodes_job import driver_command
+
+    from .harness_helpers import case_from
+
+    case = case_from(workload={"world_size": 4, "global_batch": 8})
+    argv = torchrun_command(case, TorchrunOptions(nnodes=2, min_nodes=1, rdzv_endpoint="10.213.0.1:29400",
+                                                  rdzv_conf="is_host=1", local_addr="10.213.0.1"), tmp_path)
+    assert argv[argv.index("--nnodes") + 1] == "1:2" and argv[argv.index("--rdzv-conf") + 1] == "is_host=1"
+    assert argv[argv.index("--local-addr") + 1] == "10.213.0.1"
+
+    command = driver_command(Path("x.scenario.yaml"), "id", Nodes(2, tmp_path / "disks"), 1, nnodes=2, nproc_per_node=2,
+                             case_dir=tmp_path, min_nodes=1, join=True)
+    text = " ".join(command)
+    for words in ("torchrun x.scenario.yaml --case id --nnodes 1:2 --nproc-per-node 2",
+                  "--rdzv-endpoint 10.213.0.1:29400", "--local-addr 10.213.0.2", "--rdzv-conf is_host=0,",
+                  f"--case-dir {tmp_path}", "--join"):
+        assert words in text, text
+    docs = (REPO / "docs" / "torchrun.md").read_text()
+    assert "--rdzv-endpoint 10.213.0.1:29400 --rdzv-id job --local-addr 10.213.0.1" in docs
+
+
+def test_node_loss_under_torchrun_needs_several_nodes_and_lost_storage_needs_node_local_disks(tmp_path):
+    from resilience.errors import ScenarioError
+    from resilience.faults.base import CaseEnvironment
+    from resilience.faults.node_loss import NodeLoss
+    from resilience.launch.torchrun_command import TorchrunOptions, incompatibility
+
+    from .harness_helpers import case_from
+
+    case = case_from(fault={"kind": "node_loss", "rank": 1, "step": 6, "phase": "train"})
+    assert "needs several nodes" in incompatibility(case, TorchrunOptions())
+    assert incompatibility(case, TorchrunOptions(nnodes=2, rdzv_endpoint="10.213.0.1:29400")) is None
+    lost = case_from(fault={"kind": "node_loss", "rank": 1, "step": 6, "phase": "train", "local_storage": "lost"})
+    with pytest.raises(ScenarioError, match="fault.local_storage: is 'lost' but topology.storage is 'shared'.*got 'lost'; allowed: kept"):
+        NodeLoss(lost.fault).setup(CaseEnvironment(case=lost, case_dir=tmp_path, checkpoint_dir=tmp_path))
+

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -138,7 +139,7 @@ def claim_incarnation(case_dir: Path, launch: int, world_size: int) -> Incarnati
         index, base, size = _latest_round(rounds)
         if base < ticket <= base + size:
             return Incarnation(launch, index)
-        staging = rounds / f".{index + 1}.{os.getpid()}"
+        staging = rounds / f".{index + 1}.{os.getpid()}.{secrets.token_hex(4)}"
         staging.write_text(f"{base + size} {world_size}")
         try:
             os.link(staging, rounds / str(index + 1))  # atomic, and refused when another rank was first

@@ -55,9 +55,9 @@ class NodeLoss(Kill):
     def setup(self, env: CaseEnvironment) -> None:
         self.placement, self.checkpoint_root = env.case.placement, env.checkpoint_dir
         if self.spec.params["local_storage"] == "lost" and self.placement.storage != NODE_LOCAL:
-            raise ScenarioError(f"{env.case.source}[{env.case.id}]: fault.local_storage is 'lost' but "
-                                f"topology.storage is {self.placement.storage!r}; allowed: local_storage 'lost' "
-                                f"with storage 'node_local' (shared storage is not the node's to lose)")
+            raise ScenarioError(f"{env.case.source}[{env.case.id}]", "fault.local_storage",
+                                f"is 'lost' but topology.storage is {self.placement.storage!r} (shared storage "
+                                f"is not the node's to lose)", "lost", "kept; lost with topology.storage node_local")
 
     def supervise(self, events: list[dict], ranks: list) -> None:
         if self.lost_ranks or not any(e["event"] == "fault_fired" and e["rank"] == self.trigger.rank
