@@ -28,8 +28,6 @@ from resilience.run.nodes_job import FAST_RDZV, run_job_on_nodes
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO = REPO / "scenarios" / "node_loss.scenario.yaml"
 TORN = "fault.after_bytes=4096"  # node 1 lost 4096 bytes into rank 2's step-8 file; restart on nodes 0 and 2
-SHRINK = ("strategy=torch.rank0,fault.kind=node_loss,fault.rank=2,fault.step=6,fault.phase=train,"
-          "restart.world_size=2")
 DEADLINE_S = 240
 
 needs_nodes = pytest.mark.skipif(nodes_module.unavailable_reason() is not None,
@@ -65,8 +63,8 @@ def assert_nothing_left(job) -> None:
     assert not (job.case_dir / "checkpoints").exists(), "the nodes' local disks were left behind"
 
 
-def run(case_id: str, tmp_path: Path, **options):
-    job = run_job_on_nodes(SCENARIO, case_id, nodes=2, nproc_per_node=2, work_dir=tmp_path, share_store=False,
+def run(case_id: str | None, tmp_path: Path, scenario: Path = SCENARIO, **options):
+    job = run_job_on_nodes(scenario, case_id, nodes=2, nproc_per_node=2, work_dir=tmp_path, share_store=False,
                            deadline_s=DEADLINE_S, **options)
     assert_nothing_left(job)
     assert not job.timed_out, [node.output[-2000:] for node in job.nodes]
@@ -102,9 +100,28 @@ def test_a_lost_node_is_replaced_by_a_spare_and_every_driver_prints_the_local_ha
     assert {rank: b["agent_restart_count"] for rank, b in begins.items()} == {0: 1, 1: 1, 2: 0, 3: 0}
 
 
+SHRINK = """\
+    name: node 1 lost, the job goes on at half the size
+    description: torch.rank0, node 1 (ranks 2 and 3) lost in the step-6 all-reduce; restart at world size 2
+    strategy: torch.rank0
+    workload: {model: mlp, world_size: 4, steps: 8, checkpoint_every: 4, seed: 0}
+    topology: {nodes: 2}
+    fault: {kind: node_loss, rank: 2, step: 6, phase: train}
+    restart: {world_size: 2}
+    timeouts: {collective: 20, phase: 90}
+    expect: recovers
+    """
+
+
+def scenario_file(directory: Path, text: str) -> Path:
+    path = directory / "case.scenario.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
 @needs_nodes
 def test_the_survivor_goes_on_alone_elastically_and_the_restore_matches_the_continuation(tmp_path):
-    job = run(SHRINK, tmp_path, min_nodes=1)
+    job = run(None, tmp_path / "job", scenario_file(tmp_path, SHRINK), min_nodes=1)
     assert [n.index for n in job.survivors()] == [0], [n.output for n in job.nodes]
     line = job.survivors()[0].verdict_line
     assert line.startswith("PASSED RECOVERED") and "restored step 4" in line, job.survivors()[0].output
@@ -135,9 +152,8 @@ STORE_HOST = """\
 def test_losing_the_node_that_hosts_the_store_ends_the_whole_job_loudly(tmp_path):
     """pytorch #67742: the c10d rendezvous store lives in node 0's agent; without it the survivor's
     agent cannot re-rendezvous, even with --nnodes 1:2 (the local harness restarts this case)."""
-    scenario = tmp_path / "store_host.scenario.yaml"
-    scenario.write_text(textwrap.dedent(STORE_HOST))
-    job = run_job_on_nodes(scenario, None, nodes=2, nproc_per_node=2, work_dir=tmp_path / "job", min_nodes=1,
+    job = run_job_on_nodes(scenario_file(tmp_path, STORE_HOST), None, nodes=2, nproc_per_node=2,
+                           work_dir=tmp_path / "job", min_nodes=1,
                            share_store=False, deadline_s=DEADLINE_S,
                            rdzv_conf=FAST_RDZV + ",read_timeout=5")  # each attempt to reach the store: 5 s, not 60
     assert_nothing_left(job)
@@ -271,6 +287,7 @@ def test_node_loss_under_torchrun_needs_several_nodes_and_lost_storage_needs_nod
     assert "needs several nodes" in incompatibility(case, TorchrunOptions())
     assert incompatibility(case, TorchrunOptions(nnodes=2, rdzv_endpoint="10.213.0.1:29400")) is None
     lost = case_from(fault={"kind": "node_loss", "rank": 1, "step": 6, "phase": "train", "local_storage": "lost"})
-    with pytest.raises(ScenarioError, match="fault.local_storage: is 'lost' but topology.storage is 'shared'.*got 'lost'; allowed: kept"):
+    with pytest.raises(ScenarioError, match="fault.local_storage: is 'lost' but topology.storage is 'shared'.*"
+                                            "got 'lost'; allowed: kept"):
         NodeLoss(lost.fault).setup(CaseEnvironment(case=lost, case_dir=tmp_path, checkpoint_dir=tmp_path))
 

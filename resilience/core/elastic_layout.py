@@ -80,7 +80,8 @@ class TorchrunLayout:
 
     def torchrun_log(self, launch: int, node: str | None = None) -> Path:
         """torchrun's output on one node (``node``: its address, when several share the directory)."""
-        return self.case_dir / (f"torchrun.launch{launch}.log" if node is None else f"torchrun.launch{launch}.{node}.log")
+        suffix = "" if node is None else f".{node}"
+        return self.case_dir / f"torchrun.launch{launch}{suffix}.log"
 
     def plan(self, incarnation: Incarnation, phase: str) -> PhasePlan:
         """The phase's plan in this incarnation: the driver's template, in the incarnation's directory."""

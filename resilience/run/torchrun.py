@@ -200,7 +200,8 @@ class _Driver:
         """Whether the job ended without any restore (no fault, or its restarts ran out first)."""
         incarnations = self.layout.incarnations()
         if Incarnation(0, 0) not in incarnations:
-            raise HarnessError(f"torchrun started no rank; its output:\n{tail(self.layout.torchrun_log(0, self.options.local_addr))}")
+            raise HarnessError("torchrun started no rank; its output:\n"
+                               + tail(self.layout.torchrun_log(0, self.options.local_addr)))
         return all(incarnation.is_first for incarnation in incarnations)
 
     # -- after it ended ---------------------------------------------------------------------------
