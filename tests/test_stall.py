@@ -38,3 +38,18 @@ def test_stall_past_the_phase_deadline_is_a_hang_that_names_the_stopped_rank(tmp
     findings = "\n".join(result.verdict.findings)
     assert "rank 1: stopped (SIGSTOP)" in findings
     assert "rank 0: waiting in barrier" in findings
+
+
+def test_stall_of_a_whole_node_freezes_every_rank_on_it_and_resumes_them_together(tmp_path):
+    """scope: node: rank 2 stops itself in the step-8 save, the harness stops rank 3 (its node-mate)
+    at once and resumes both 3 s later; rank 3's own save resumes only then."""
+    result = run_case(tmp_path, fault={**stall(3), "rank": 2, "scope": "node"}, timeouts={"collective": TIMEOUT_S},
+                      workload={"world_size": 4, "global_batch": 8}, topology={"nodes": 2})
+    assert result.verdict.kind is VerdictKind.RECOVERED, result.verdict.findings
+    assert ("node 1 frozen: rank 2 stopped itself, ranks [3] stopped with it (found stopped when resumed: [3])"
+            in "\n".join(result.verdict.findings)), result.verdict.findings
+    first_run = result.phases[1]
+    fired = first_run.fault_events[0]["time"]
+    saved = {r: e["time"] for r in (0, 1, 3) for e in first_run.ranks[r].events
+             if e["event"] == "save_returned" and e["step"] == 8}
+    assert all(t >= fired + 3 for t in saved.values()), (fired, saved)

@@ -9,7 +9,7 @@ case directory must be on a filesystem every node sees, as the checkpoint direct
       launch<L>.restart<R>/        one incarnation: the driver's launch L, TORCHELASTIC_RESTART_COUNT R
         <phase>/                   plan.json, rank<r>.events.jsonl, rank<r>.out, rank<r>.err
         outcome.rank<r>.json       how the rank process ended, written by its supervisor
-      torchrun.launch<L>.log       torchrun's own output
+      torchrun.launch<L>[.<addr>].log  torchrun's own output (one per node with --local-addr)
 
 Imports nothing heavy: the supervisor torchrun starts reads it before forking its rank.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -77,8 +78,10 @@ class TorchrunLayout:
     def outcome_path(self, incarnation: Incarnation, rank: int) -> Path:
         return self.incarnation_dir(incarnation) / f"outcome.rank{rank}.json"
 
-    def torchrun_log(self, launch: int) -> Path:
-        return self.case_dir / f"torchrun.launch{launch}.log"
+    def torchrun_log(self, launch: int, node: str | None = None) -> Path:
+        """torchrun's output on one node (``node``: its address, when several share the directory)."""
+        suffix = "" if node is None else f".{node}"
+        return self.case_dir / f"torchrun.launch{launch}{suffix}.log"
 
     def plan(self, incarnation: Incarnation, phase: str) -> PhasePlan:
         """The phase's plan in this incarnation: the driver's template, in the incarnation's directory."""
@@ -110,3 +113,51 @@ def write_atomically(path: Path, text: str) -> None:
     staging = path.with_name(f".{path.name}.{os.getpid()}")
     staging.write_text(text)
     os.replace(staging, path)
+
+
+def claim_incarnation(case_dir: Path, launch: int, world_size: int) -> Incarnation:
+    """Which start of the rank group this rank process belongs to, agreed by every rank of every
+    node through the shared case directory (called once per process, as it starts).
+
+    TORCHELASTIC_RESTART_COUNT cannot say it with several agents: an agent counts only the
+    restarts its own workers' failures caused (torch 2.13 `SimpleElasticAgent._invoke_run`: a
+    restart for a node waiting to join decrements nothing), and a spare node's new agent starts at
+    0. The starts of one launch are strictly sequential (an agent stops its workers before the next
+    rendezvous round, and no round's workers start before every agent joined it), so each process
+    takes the next ticket (1, 2, ...) and round ``i`` holds the tickets ``base < t <= base + size``;
+    the first process of a new round records it (``launch<L>.rounds/<i>``: "base size")."""
+    starts, rounds = case_dir / f"launch{launch}.starts", case_dir / f"launch{launch}.rounds"
+    starts.mkdir(parents=True, exist_ok=True)
+    rounds.mkdir(parents=True, exist_ok=True)
+    ticket = len(os.listdir(starts)) + 1
+    while True:
+        try:
+            os.close(os.open(starts / str(ticket), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            break
+        except FileExistsError:
+            ticket += 1
+    while True:
+        index, base, size = _latest_round(rounds)
+        if base < ticket <= base + size:
+            return Incarnation(launch, index)
+        staging = rounds / f".{index + 1}.{os.getpid()}.{secrets.token_hex(4)}"
+        staging.write_text(f"{base + size} {world_size}")
+        try:
+            os.link(staging, rounds / str(index + 1))  # atomic, and refused when another rank was first
+        except FileExistsError:
+            pass
+        finally:
+            staging.unlink()
+
+
+def _latest_round(rounds: Path) -> tuple[int, int, int]:
+    """(index, base, size) of the newest round recorded; (-1, 0, 0) before the first."""
+    indices = [int(name) for name in os.listdir(rounds) if name.isdigit()]
+    if not indices:
+        return -1, 0, 0
+    base, size = (rounds / str(max(indices))).read_text().split()
+    return max(indices), int(base), int(size)
+
+
+NODE_ENV = "RESILIENCE_NODE"  # the node a process runs on (0, 1, ...), set for a node's launcher
+NODE_NAMESPACE_ENV = "RESILIENCE_NODE_NAMESPACE"  # the network namespace that node is (nodes on one machine)

@@ -48,6 +48,7 @@ FAULTS = {
     "collective_failure": "resilience.faults.collective:CollectiveFailure",
     "overlapping_async": "resilience.faults.overlapping:OverlappingAsync",
     "s3": "resilience.faults.s3:ObjectStoreFault",
+    "node_loss": "resilience.faults.node_loss:NodeLoss",
 }
 WORKLOADS = {
     "mlp": "resilience.workloads.mlp:MLPWorkload",

@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..core.elastic_layout import Incarnation, TorchrunLayout, write_atomically
+from ..core.elastic_layout import LAUNCH_ENV, NODE_ENV, Incarnation, TorchrunLayout, claim_incarnation, write_atomically
 from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
 from ..core.events import EventLog
 from .worker import die_with_parent, redirect_output, report_failure
@@ -35,7 +35,8 @@ def main(argv: list[str]) -> int:
         return 2
     layout = TorchrunLayout(Path(argv[1]))
     rank = int(os.environ["RANK"])
-    incarnation = Incarnation.from_environment(os.environ)
+    incarnation = claim_incarnation(layout.case_dir, int(os.environ.get(LAUNCH_ENV, "0")),
+                                    int(os.environ["WORLD_SIZE"]))
     die_with_parent()  # with torchrun's agent
     layout.incarnation_dir(incarnation).mkdir(parents=True, exist_ok=True)
     child = os.fork()
@@ -85,10 +86,13 @@ def _rank(layout: TorchrunLayout, incarnation: Incarnation, rank: int) -> int:
 
         torch.set_num_threads(1)  # reductions over several threads change the bits of a sum
         placement = for_rank(rank)
+        _check_node(plans, rank)
         for plan in plans:
             _enter(plan, rank)
             events = EventLog(plan.events_path(rank), rank)
             events.emit("phase_begin", phase=plan.name, launch=incarnation.launch, restart_count=incarnation.restart,
+                        agent_restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                        node=os.environ.get(NODE_ENV), group_rank=int(os.environ.get("GROUP_RANK", "0")),
                         local_rank=int(os.environ.get("LOCAL_RANK", rank)), device=placement.device,
                         backend=placement.backend)
             if not dist.is_initialized():
@@ -102,6 +106,21 @@ def _rank(layout: TorchrunLayout, incarnation: Incarnation, rank: int) -> int:
             events = EventLog(plans[0].events_path(rank), rank)
         report_failure(events, exc)
         return 1
+
+
+def _check_node(plans: list[PhasePlan], rank: int) -> None:
+    """The group torchrun formed must be the one the plans describe: its size (an elastic restart
+    at another size than the case's restart), and with node-local storage this rank's node (c10d
+    orders nodes by address), else it would read another node's disk."""
+    node, size = os.environ.get(NODE_ENV), int(os.environ["WORLD_SIZE"])
+    for plan in plans:
+        if plan.world_size != size:
+            raise RuntimeError(f"torchrun formed a group of {size} ranks, but the {plan.name} phase is planned "
+                               f"for {plan.world_size} (the case's restart.world_size under --nnodes MIN:MAX)")
+        topology = plan.placement()
+        if node is not None and topology.storage == "node_local" and topology.node_of(rank) != int(node):
+            raise RuntimeError(f"rank {rank} runs on node {node}, but the {plan.name} topology places it on node "
+                               f"{topology.node_of(rank)} ({topology.describe()}): start the nodes in that order")
 
 
 def _join(backend: str, rank: int, incarnation: Incarnation, timeout) -> None:

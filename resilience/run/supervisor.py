@@ -162,8 +162,11 @@ class AgentLaunch(RankGroup):
         janitor.release("pgid", self.launcher.pid)
 
     def _is_ours(self, pid: int) -> bool:
+        """Named by the marker and on this node: other nodes' ranks (nodes on one machine are
+        network namespaces, `resilience.launch.nodes`) are their own launchers' to end."""
         try:
-            return self.marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            return (self.marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                    and os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino)
         except OSError:
             return False
 

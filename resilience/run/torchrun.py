@@ -7,8 +7,9 @@ The driver writes the case and its phase plans into a case directory, launches
 does), enforces the phase deadline, and judges the files the ranks wrote with the oracle the local
 harness uses (`verify.judge`), so the result is the same `CaseResult`.
 
-Restarts: a rank that dies or raises makes the agent restart the whole group
-(TORCHELASTIC_RESTART_COUNT 1), which restores and trains to the end. A first run that ends
+Restarts: a rank that dies or raises makes the agent restart the whole group (on several nodes
+every agent, and a spare node's joins), which restores and trains to the end; with ``min_nodes``
+the survivors may go on at a smaller size, judged against the oracle's continuation there. A first run that ends
 without a failure (no fault), or a job whose restarts ran out, is resumed by a second launch of the
 same command, as an operator or a scheduler would. Only the first restore is judged.
 
@@ -18,7 +19,6 @@ stack (SIGUSR1, faulthandler), then torchrun's process group and every rank's ar
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import time
@@ -29,84 +29,37 @@ from ..core import janitor, registry
 from ..launch.backend import rank_environment
 from ..core.elastic_layout import LAUNCH_ENV, Incarnation, TorchrunLayout
 from ..errors import HarnessError, ResilienceError, StrategyUnavailable, TorchrunIncompatible
-from ..faults.base import CaseEnvironment, Fault
+from ..faults.base import CaseEnvironment
 from ..core.records import CaseResult, PhaseResult
 from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
 from ..core.case import Case
 from ..core.events import read_events, tail
-from ..oracle.evidence import collect_phase, stderr_tails, where_waiting
+from ..oracle.evidence import collect_phase, launcher_error, stderr_tails, where_waiting
 from ..oracle.judge import judge
-from .local_probe import probe_in_local_ranks
+from .local_probe import continue_in_local_ranks, probe_in_local_ranks
+from ..launch.torchrun_command import STARTUP_S, TorchrunOptions, incompatibility, torchrun_command
 from .supervisor import AgentLaunch, supervise
 
-STARTUP_S = 120.0  # torchrun's start, rendezvous and `import torch` on busy machines
-ENTRY_MODULE = "resilience.rank.elastic_entry"
+__all__ = ["STARTUP_S", "TorchrunOptions", "incompatibility", "run_case_under_torchrun", "torchrun_command"]
 
-
-@dataclass(frozen=True)
-class TorchrunOptions:
-    """How torchrun is launched. ``rdzv_endpoint`` None with one node: ``--standalone``."""
-
-    nnodes: int = 1
-    nproc_per_node: int | None = None  # None: the case's world size divided by nnodes
-    max_restarts: int = 1
-    rdzv_endpoint: str | None = None  # HOST:PORT of the c10d rendezvous (several nodes)
-    rdzv_id: str | None = None  # None: derived from the case directory (the same on every node)
-    python: str = sys.executable
-    startup_s: float = STARTUP_S
-
-    def ranks_per_node(self, case: Case) -> int:
-        return self.nproc_per_node if self.nproc_per_node is not None else case.workload.world_size // self.nnodes
-
-
-def incompatibility(case: Case, options: TorchrunOptions = TorchrunOptions()) -> str | None:
-    """Why the case cannot run as one torchrun job, or None. The agent restarts a group at the size
-    and rank layout it had, with the interpreter it was started with, and nothing outside the
-    ranks acts on them while they run."""
-    where = f"{case.source}[{case.id}]"
-    if options.nnodes < 1 or options.max_restarts < 0:
-        return f"{where}: nnodes must be >= 1 and max_restarts >= 0; got {options.nnodes}, {options.max_restarts}"
-    per_node = options.ranks_per_node(case)
-    if per_node < 1 or options.nnodes * per_node != case.workload.world_size:
-        return (f"{where}: workload.world_size is {case.workload.world_size}, but nnodes {options.nnodes} x "
-                f"nproc_per_node {per_node} = {options.nnodes * per_node}; allowed: a product equal to it")
-    if options.nnodes > 1 and not options.rdzv_endpoint:
-        return f"{where}: {options.nnodes} nodes need rdzv_endpoint HOST:PORT (the c10d rendezvous)"
-    if case.topology_changes:
-        return (f"{where}: restart.world_size is {case.restart.world_size}, the first run's "
-                f"{case.workload.world_size}; torchrun's agent restarts a group at the size it had "
-                f"(allowed: restart.world_size {case.workload.world_size}; run this case with the local harness)")
-    if case.restart.rank_map != tuple(range(case.restart.world_size)):
-        return (f"{where}: restart.rank_map is {list(case.restart.rank_map)}; torchrun assigns ranks itself "
-                f"(allowed: identity)")
-    if case.restart.python or case.restart.packages:
-        return (f"{where}: the restart runs under another interpreter or packages; torchrun restarts "
-                f"with the one it was started with (allowed: neither restart.python nor restart.packages)")
-    fault = registry.resolve("fault", case.fault.kind)
-    if fault.supervises:
-        return (f"{where}: fault {case.fault.kind} is driven from outside the ranks while they run "
-                f"(signals, network rules); under torchrun faults act only from inside the ranks")
-    if fault.heal is not Fault.heal:
-        return (f"{where}: fault {case.fault.kind} is repaired between the first run and the restart "
-                f"(heal), a moment torchrun's agent does not offer")
-    return None
 
 
 def run_case_under_torchrun(case: Case, nnodes: int = 1, nproc_per_node: int | None = None,
                             max_restarts: int = 1, *, rdzv_endpoint: str | None = None,
                             rdzv_id: str | None = None, case_dir: Path | None = None,
                             work_root: Path | None = None, keep: bool = False,
-                            python: str | None = None, startup_s: float = STARTUP_S) -> CaseResult:
+                            python: str | None = None, startup_s: float = STARTUP_S, **more) -> CaseResult:
     """Run ``case`` under torchrun and judge it; the same `CaseResult` the local harness returns.
 
     ``case_dir``: the case directory (on several nodes: the same shared path on each, and each
     node runs this same call); it is kept. Without it, a fresh directory under ``work_root`` (or
     TMPDIR) is used and removed afterwards unless ``keep``. Raises `TorchrunIncompatible` for a
     case torchrun cannot express, `StrategyUnavailable` when the strategy's library is missing,
-    `HarnessError` when the job never produced a reference."""
+    `HarnessError` when the job never produced a reference. ``more``: the other `TorchrunOptions`
+    (``rdzv_conf``, ``local_addr``, ``min_nodes``, ``join``)."""
     options = TorchrunOptions(nnodes=nnodes, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
                               rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, python=python or sys.executable,
-                              startup_s=startup_s)
+                              startup_s=startup_s, **more)
     reason = incompatibility(case, options)
     if reason:
         raise TorchrunIncompatible(reason)
@@ -119,19 +72,6 @@ def run_case_under_torchrun(case: Case, nnodes: int = 1, nproc_per_node: int | N
         return _Driver(case, TorchrunLayout(owned.resolve()), options).run()
 
 
-def torchrun_command(case: Case, options: TorchrunOptions, case_dir: Path, launch: int = 0) -> list[str]:
-    """The torchrun command line of one launch (the same on every node)."""
-    if options.nnodes == 1 and not options.rdzv_endpoint:
-        rendezvous = ["--standalone"]
-    else:
-        rdzv_id = options.rdzv_id or "resilience-" + hashlib.sha256(str(case_dir).encode()).hexdigest()[:12]
-        rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", options.rdzv_endpoint,
-                      "--rdzv-id", f"{rdzv_id}-{launch}"]
-    return [options.python, "-m", "torch.distributed.run", *rendezvous, "--nnodes", str(options.nnodes),
-            "--nproc-per-node", str(options.ranks_per_node(case)), "--max-restarts", str(options.max_restarts),
-            "--monitor-interval", "0.1", "-m", ENTRY_MODULE, str(case_dir)]
-
-
 @dataclass(frozen=True)
 class _Hang:
     incarnation: Incarnation
@@ -142,6 +82,7 @@ class _Hang:
 class _Driver:
     def __init__(self, case: Case, layout: TorchrunLayout, options: TorchrunOptions):
         self.case, self.layout, self.options = case, layout, options
+        self._launches: list[int] = []
 
     def run(self) -> CaseResult:
         self._prepare()
@@ -151,6 +92,7 @@ class _Driver:
         try:
             fault.setup(env)
             for launch in (0, 1):
+                self._launches.append(launch)
                 hang = self._launch(launch)
                 if hang or not self._needs_resume():
                     break
@@ -158,17 +100,33 @@ class _Driver:
             intact, probes = (probe_in_local_ranks(self.case, self.layout.case_file, self.layout.checkpoint_dir,
                                                    self.layout.case_dir, phases)
                               if self.options.nnodes == 1 else (None, ()))  # one node sees every file
-            found = fault.findings(env, tuple(phases))
+            continuation = self._continuation(phases[2])
+            found = fault.findings(env, tuple(phases + continuation))
         finally:
             fault.teardown(env)
-        return CaseResult(case=self.case, verdict=judge(self.case, *phases[:3], fault_findings=found,
-                                                        intact_step=intact),
-                          phases=tuple(phases) + probes, work_dir=self.layout.case_dir)
+        verdict = judge(self.case, *phases[:3], *continuation, fault_findings=found, intact_step=intact)
+        return CaseResult(case=self.case, verdict=verdict, phases=tuple(phases + continuation) + probes,
+                          work_dir=self.layout.case_dir)
 
+    def _snapshots(self) -> Path:
+        return self.layout.case_dir / "snapshots"
+
+    def _continuation(self, restart: PhaseResult) -> list[PhaseResult]:
+        """The oracle's continuation on the restart's topology (an elastic restart at another size)."""
+        restored = restart.restored()
+        if not self.case.topology_changes or 0 not in restored:
+            return []
+        step = restored[0]["step"]
+        if not (self._snapshots() / f"step_{step}").is_dir():
+            return []
+        return [continue_in_local_ranks(self.case, self.layout.case_file, self.layout.checkpoint_dir,
+                                        self.layout.case_dir, self._snapshots(), step)]
 
     # -- before the launch ------------------------------------------------------------------------
     def _prepare(self) -> None:
         layout, case = self.layout, self.case
+        if layout.incarnations() and self.options.join:  # a node joining the running job: the rest is done
+            return
         if layout.incarnations():  # its files would be judged as this run's (on several nodes, no rank
             # starts before every node's agent joined, so a node that prepares late still sees none)
             raise HarnessError(f"case directory {layout.case_dir} holds an earlier run's ranks "
@@ -176,19 +134,27 @@ class _Driver:
         for directory in (layout.checkpoint_dir, layout.temp_dir, layout.template(REFERENCE).parent):
             directory.mkdir(parents=True, exist_ok=True)
         case.write(layout.case_file)
-        size = case.workload.world_size
-        common = dict(case_file=str(layout.case_file), world_size=size, store_path="", phase_dir="",
-                      checkpoint_dir=str(layout.checkpoint_dir), snapshot_dir=None, snapshot_step=None,
-                      rank_map=tuple(range(size)), collective_timeout_s=case.timeouts.collective_s)
-        for plan in (PhasePlan(name=REFERENCE, start="fresh", save=False, inject=False, record_states=True, **common),
-                     PhasePlan(name=FIRST_RUN, start="fresh", save=True, inject=True, record_states=False, **common),
-                     PhasePlan(name=RESTART, start="strategy", save=True, inject=False, record_states=False, **common)):
+        size, later = case.workload.world_size, case.restart.world_size
+        common = dict(case_file=str(layout.case_file), store_path="", phase_dir="", snapshot_step=None,
+                      checkpoint_dir=str(layout.checkpoint_dir), collective_timeout_s=case.timeouts.collective_s)
+        first = dict(world_size=size, rank_map=tuple(range(size)), topology=case.placement.as_dict(), **common)
+        # node-local storage follows the topology; an elastic restart at another size is continued by the oracle
+        snapshots = str(self._snapshots()) if case.topology_changes else None
+        for plan in (PhasePlan(name=REFERENCE, start="fresh", save=False, inject=False, record_states=True,
+                               snapshot_dir=snapshots, **first),
+                     PhasePlan(name=FIRST_RUN, start="fresh", save=True, inject=True, record_states=False,
+                               snapshot_dir=None, **first),
+                     PhasePlan(name=RESTART, start="strategy", save=True, inject=False, record_states=False,
+                               snapshot_dir=None, world_size=later, rank_map=tuple(range(later)),
+                               topology=case.restart.placement.as_dict(), **common)):
             plan.write(layout.template(plan.name))
 
     def _environment(self, launch: int) -> dict[str, str]:
         env = rank_environment()
-        if self.options.nnodes > 1 and "GLOO_SOCKET_IFNAME" not in os.environ:
-            del env["GLOO_SOCKET_IFNAME"]  # loopback only on one node; several use the cluster's network
+        if self.options.nnodes > 1:  # loopback only on one node; several use the cluster's network
+            env.pop("GLOO_SOCKET_IFNAME")
+            if "GLOO_SOCKET_IFNAME" in os.environ:  # the node's own interface (nodes in namespaces: veth0)
+                env["GLOO_SOCKET_IFNAME"] = os.environ["GLOO_SOCKET_IFNAME"]
         env["TMPDIR"] = str(self.layout.temp_dir)  # torchrun's torchelastic_* directories go with the case
         env[LAUNCH_ENV] = str(launch)
         return env
@@ -196,7 +162,7 @@ class _Driver:
     # -- while it runs ----------------------------------------------------------------------------
     def _launch(self, launch: int) -> _Hang | None:
         group = AgentLaunch(torchrun_command(self.case, self.options, self.layout.case_dir, launch),
-                            self._environment(launch), self.layout.torchrun_log(launch),
+                            self._environment(launch), self.layout.torchrun_log(launch, self.options.local_addr),
                             lambda: self._event_files(launch), marker=str(self.layout.case_dir))
         started, found = time.time(), []
 
@@ -226,7 +192,7 @@ class _Driver:
             return None
         if not marks:
             raise HarnessError(f"torchrun started no rank within {now - launch_started:.0f} s; its output:\n"
-                               f"{tail(self.layout.torchrun_log(launch))}")
+                               f"{tail(self.layout.torchrun_log(launch, self.options.local_addr))}")
         _, incarnation, phase = max(marks, key=lambda mark: mark[0])
         return _Hang(incarnation, phase, frozenset())
 
@@ -234,7 +200,8 @@ class _Driver:
         """Whether the job ended without any restore (no fault, or its restarts ran out first)."""
         incarnations = self.layout.incarnations()
         if Incarnation(0, 0) not in incarnations:
-            raise HarnessError(f"torchrun started no rank; its output:\n{tail(self.layout.torchrun_log(0))}")
+            raise HarnessError("torchrun started no rank; its output:\n"
+                               + tail(self.layout.torchrun_log(0, self.options.local_addr)))
         return all(incarnation.is_first for incarnation in incarnations)
 
     # -- after it ended ---------------------------------------------------------------------------
@@ -245,14 +212,16 @@ class _Driver:
             detail = reference.first_error.summary() if reference.first_error else reference.status
             raise HarnessError(f"the uninterrupted reference run did not complete under torchrun ({detail})\n"
                                + stderr_tails(reference)
-                               + f"\n--- torchrun ---\n{tail(self.layout.torchrun_log(0))}")
+                               + f"\n--- torchrun ---\n{tail(self.layout.torchrun_log(0, self.options.local_addr))}")
         phases = [reference, self._phase(first, FIRST_RUN, hang)]
         later = [i for i in self.layout.incarnations() if not i.is_first]
         if later:
             phases += [self._phase(i, RESTART, hang) for i in later]
-        else:  # the first run hung: nothing restarted
+        else:  # the first run hung, or torchrun gave up (its store's host lost): nothing restarted
+            log = self.layout.torchrun_log(max(self._launches, default=0), self.options.local_addr)
             phases.append(PhaseResult(name=RESTART, world_size=self.case.restart.world_size, status="not_started",
-                                      ranks=(), first_error=None, fault_events=(), elapsed_s=0.0))
+                                      ranks=(), fault_events=(), elapsed_s=0.0, first_error=None if hang else
+                                      launcher_error(log.read_text(errors="replace") if log.exists() else "", RESTART)))
         return phases
 
     def _phase(self, incarnation: Incarnation, name: str, hang: _Hang | None) -> PhaseResult:
