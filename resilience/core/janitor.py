@@ -11,8 +11,8 @@ as a script, in a session of its own (a Ctrl-C at the terminal signals the foreg
 group, not it). It reads the registrations from a pipe whose only writer is the harness, blocking
 on it. At end of file (the harness exited, cleanly, on Ctrl-C or SIGKILLed) it frees what is
 still registered: SIGKILL to each process group, a lazy unmount of each mount (innermost first),
-SIGKILL to every process in each network namespace and its deletion, removal of each directory;
-then it exits. A harness that cleaned up after itself leaves it nothing to do.
+deletion of each network namespace, removal of each directory; then it exits. A harness that
+cleaned up after itself leaves it nothing to do.
 
 Kinds: ``pgid`` (a process group the harness started: a rank leads its own), ``mount`` (a mount
 point), ``netns`` (a name under /run/netns), ``dir`` (a directory tree).
@@ -119,7 +119,6 @@ def free(registry: dict[str, list[str]]) -> None:
     for mount in sorted(registry["mount"], key=lambda path: path.count("/"), reverse=True):
         _run(["umount", "-l", mount])  # lazy: a process in its last moments may still hold a file
     for name in registry["netns"]:
-        _kill_namespace_processes(name)  # a daemon's children leave its process group, not its namespace
         _run(["ip", "netns", "delete", name])
     for directory in registry["dir"]:
         shutil.rmtree(directory, ignore_errors=True)
@@ -130,19 +129,6 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)  # SIGKILL reaches stopped processes too
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _kill_namespace_processes(name: str) -> None:
-    try:
-        listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
-                                timeout=COMMAND_TIMEOUT_S, check=False).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return
-    for pid in listed.split():
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, ValueError):
-            pass
 
 
 def _wait_gone(groups: list[int]) -> None:
