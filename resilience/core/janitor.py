@@ -15,7 +15,8 @@ deletion of each network namespace, removal of each directory; then it exits. A 
 cleaned up after itself leaves it nothing to do.
 
 Kinds: ``pgid`` (a process group the harness started: a rank leads its own), ``mount`` (a mount
-point), ``netns`` (a name under /run/netns), ``dir`` (a directory tree).
+point), ``netns`` (a name under /run/netns: every process still in it is SIGKILLed before it is
+deleted, since deleting a namespace ends none of them), ``dir`` (a directory tree).
 """
 from __future__ import annotations
 
@@ -115,6 +116,9 @@ def free(registry: dict[str, list[str]]) -> None:
     groups = [int(pgid) for pgid in registry["pgid"]]
     for pgid in groups:
         _kill_group(pgid)
+    for name in registry["netns"]:  # a node's processes lead sessions of their own (torch elastic's workers)
+        for pid in namespace_pids(name):
+            _kill_process(pid)
     _wait_gone(groups)
     for mount in sorted(registry["mount"], key=lambda path: path.count("/"), reverse=True):
         _run(["umount", "-l", mount])  # lazy: a process in its last moments may still hold a file
@@ -122,6 +126,23 @@ def free(registry: dict[str, list[str]]) -> None:
         _run(["ip", "netns", "delete", name])
     for directory in registry["dir"]:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def namespace_pids(name: str) -> list[int]:
+    """The processes in network namespace ``name`` (``ip netns pids``); none when it is gone."""
+    try:
+        result = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
+                                timeout=COMMAND_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [int(pid) for pid in result.stdout.split() if pid.isdigit()] if result.returncode == 0 else []
+
+
+def _kill_process(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _kill_group(pgid: int) -> None:

@@ -31,7 +31,7 @@ SUBNET = "10.213.0"  # private (RFC 1918), and only ever inside the case's own n
 IFNAME = "veth0"  # the rank's interface, inside its namespace
 BRIDGE = "br0"
 COMMAND_TIMEOUT_S = 30.0
-NAME = re.compile(r"^resilience-(?P<pid>\d+)-(?P<token>[0-9a-f]{6})-(?:sw|r\d+)$")
+NAME = re.compile(r"^resilience-(?P<pid>\d+)-(?P<token>[0-9a-f]{6})-(?:sw|[rn]\d+)$")
 
 
 def run_command(argv: list[str], input_text: str | None = None) -> subprocess.CompletedProcess:
@@ -78,12 +78,18 @@ def remove_stale_namespaces() -> list[str]:
 
 
 class Topology:
-    """One case's namespaces: a switch with a bridge, and one namespace per rank wired to it."""
+    """One case's namespaces: a switch with a bridge, and one namespace per member wired to it.
 
-    def __init__(self, world_size: int, prefix: str | None = None):
+    Members are ranks (``member="r"``: the network faults) or whole nodes (``member="n"``:
+    `resilience.launch.nodes`); member ``i`` gets namespace ``<prefix>-<member><i>`` and address
+    10.213.0.<i + 1>."""
+
+    def __init__(self, world_size: int, prefix: str | None = None, member: str = "r"):
+        if member not in ("r", "n"):
+            raise ValueError(f"member must be 'r' (ranks) or 'n' (nodes), not {member!r}")
         self.prefix = prefix or f"resilience-{os.getpid()}-{secrets.token_hex(3)}"
         self.switch = f"{self.prefix}-sw"
-        self.ranks = [{"rank": r, "namespace": f"{self.prefix}-r{r}", "ifname": IFNAME, "port": f"p{r}",
+        self.ranks = [{"rank": r, "namespace": f"{self.prefix}-{member}{r}", "ifname": IFNAME, "port": f"p{r}",
                        "address": f"{SUBNET}.{r + 1}"} for r in range(world_size)]
 
     def names(self) -> list[str]:
