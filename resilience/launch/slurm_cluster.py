@@ -5,8 +5,8 @@ a network namespace of its own, everything under one directory.
         job = cluster.submit(script, chdir=checkout, output=root / "slurm-%j.out")
         record = cluster.wait(job, timeout_s=300)      # -> SlurmJob (state COMPLETED, NODE_FAIL, ...)
 
-A node is a network namespace (the partition fault's veth/bridge machinery, `faults.netns`) holding
-``veth0`` with 10.213.0.<k+1>, plus a mount and UTS namespace of its own in which ``/etc/hosts`` is
+A node is one of `launch.nodes.Nodes` (a network namespace with ``veth0`` on the partition fault's
+bridge, 10.213.0.<k+1>), plus a mount and UTS namespace of its own in which ``/etc/hosts`` is
 ROOT/hosts (bind-mounted: it names every node) and ``gethostname()`` is ``node<k>``. SLURM, torchrun's
 c10d rendezvous (it decides which agent hosts the store by comparing the endpoint with the host name)
 and gloo (it binds the address the host name resolves to) then see what they see on separate
@@ -18,7 +18,7 @@ machines, and nothing in them is changed. The controller and munged live in one 
 Nothing stays behind: every daemon leads a process group registered with the janitor, every
 namespace is registered (the janitor kills what runs in it before deleting it), and `stop` SIGKILLs
 every process in every namespace of the cluster (slurmstepd and a job's tasks leave the daemons'
-process groups), then deletes the namespaces. Each daemon is also the first process of a PID
+process groups), then deletes the namespaces (`Nodes.destroy`). Each daemon is also the first process of a PID
 namespace of its own (``unshare --fork --pid``): when it dies the kernel kills and reaps whatever it
 left there (slurmctld's slurmscriptd, a step's orphans), where this machine's init would leave
 zombies. The spool, state, logs and sockets are under ROOT.
@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import janitor
-from ..errors import NetworkError, SlurmError
-from ..faults.netns import NETNS_DIR, Topology, run_command
+from ..errors import SlurmError
+from ..faults.netns import NETNS_DIR
+from .nodes import Nodes
 
 BINARIES = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "scontrol", "srun", "unshare", "nsenter", "ip")
 INSTALL = "apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge"
@@ -44,13 +44,13 @@ CONTROLLER_PORT = 6817
 FIRST_SLURMD_PORT = 6818  # node k listens on FIRST_SLURMD_PORT + k (distinct, as on one shared address)
 COMMAND_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 10.0
+CRED_EXPIRE_S = 10
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
             "DEADLINE", "PREEMPTED")
-# In a private mount and UTS namespace: the cluster's hosts file over /etc/hosts, the node's host name,
-# then the daemon in the node's network namespace ($1 hosts file, $2 host name, $3 namespace, rest: argv).
-_ENTER = ('mount --bind "$1" /etc/hosts && hostname "$2" && ns="$3" && shift 3 && '
-          'exec nsenter --net=/run/netns/"$ns" -- "$@"')
+# In the node's private mount and UTS namespace: the cluster's hosts file over /etc/hosts, the node's
+# host name, then the daemon ($1 hosts file, $2 host name, the rest its argv).
+_ENTER = 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"'
+_NODE_NAMESPACES = ["unshare", "--fork", "--pid", "--mount-proc", "--kill-child", "--mount", "--uts", "--propagation", "private"]
 
 
 def slurm_missing() -> str | None:
@@ -64,6 +64,7 @@ def slurm_missing() -> str | None:
 @dataclass(frozen=True)
 class SlurmNode:
     name: str  # SLURM's NodeName and the host name inside the node
+    index: int  # in `LocalCluster.machines` (the controller's machine is the last)
     address: str
     port: int  # its slurmd's
     namespace: str
@@ -88,11 +89,12 @@ class LocalCluster:
         if nodes < 1:
             raise SlurmError(f"a cluster needs at least one node; got nodes={nodes}")
         self.root = Path(root).resolve()
-        self.topology = Topology(nodes + 1)  # the last namespace is the controller's
-        *node_slots, controller = self.topology.ranks
-        self.nodes = tuple(SlurmNode(f"node{k}", slot["address"], FIRST_SLURMD_PORT + k, slot["namespace"])
+        self.machines = Nodes(nodes + 1, self.root / "local")  # the last one is the controller's
+        *node_slots, controller = self.machines.nodes
+        self.nodes = tuple(SlurmNode(f"node{k}", k, slot.address, FIRST_SLURMD_PORT + k, slot.namespace)
                            for k, slot in enumerate(node_slots))
-        self.controller_address, self.controller_namespace = controller["address"], controller["namespace"]
+        self.controller = SlurmNode(CONTROLLER, controller.index, controller.address, CONTROLLER_PORT,
+                                    controller.namespace)
         self.conf = self.root / "slurm.conf"
         self.socket = self.root / "run" / "munge.socket"
         self._daemons: dict[str, subprocess.Popen] = {}
@@ -108,41 +110,31 @@ class LocalCluster:
         (self.root / "hosts").write_text("127.0.0.1 localhost\n" + "".join(
             f"{address} {name}\n" for name, address in self._hosts()))
         try:
-            self.topology.create()
-            self._start_daemon("munged", CONTROLLER, self.controller_namespace, [
+            self.machines.create()
+            self._start_daemon("munged", self.controller, [
                 "munged", "--foreground", "--force", f"--socket={self.socket}", f"--key-file={key}",
                 f"--log-file={self.root / 'log' / 'munged.log'}", f"--pid-file={self.root / 'run' / 'munged.pid'}",
                 f"--seed-file={self.root / 'run' / 'munged.seed'}"])
             self._await(lambda: self.socket.exists(), timeout_s, "munged's socket")
-            self._start_daemon("slurmctld", CONTROLLER, self.controller_namespace,
-                               ["slurmctld", "-D", "-f", str(self.conf)])
+            self._start_daemon("slurmctld", self.controller, ["slurmctld", "-D", "-f", str(self.conf)])
             for node in self.nodes:
-                self._start_daemon(f"slurmd.{node.name}", node.name, node.namespace,
-                                   ["slurmd", "-D", "-N", node.name, "-f", str(self.conf)])
+                self._start_daemon(f"slurmd.{node.name}", node, ["slurmd", "-D", "-N", node.name, "-f", str(self.conf)])
             self._await(lambda: self.idle_nodes() == {n.name for n in self.nodes}, timeout_s, "every node idle")
         except BaseException:
             self.stop()
             raise
         return self
 
-    def stop(self) -> list[str]:
-        """SIGKILL everything the cluster runs, delete its namespaces; returns what is still there
-        (namespaces or daemon pids: none, unless the kernel refused)."""
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while time.monotonic() < deadline and self._kill_namespace_processes():
-            time.sleep(0.05)
-        for name, daemon in self._daemons.items():
-            try:
-                os.killpg(daemon.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            try:
-                daemon.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                continue
-            janitor.release("pgid", daemon.pid)
-        alive = [f"{name} (pid {d.pid})" for name, d in self._daemons.items() if d.poll() is None]
-        return alive + self.topology.destroy()
+    def stop(self) -> None:
+        """SIGKILL everything the cluster runs (every process of every machine, daemons, steps and
+        tasks), delete its namespaces; `NetworkError` naming what the kernel kept."""
+        try:
+            self.machines.destroy()
+        finally:
+            for daemon in self._daemons.values():
+                daemon.wait(timeout=COMMAND_TIMEOUT_S)  # SIGKILLed with their machine: reaped here
+                janitor.release("pgid", daemon.pid)
+            self._daemons.clear()
 
     def __enter__(self) -> LocalCluster:
         return self.start()
@@ -157,7 +149,7 @@ class LocalCluster:
     def command(self, argv: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None,
                 timeout_s: float = COMMAND_TIMEOUT_S) -> str:
         """Run a SLURM client command in the controller's namespace; its stdout, or `SlurmError`."""
-        full = ["nsenter", f"--net={NETNS_DIR / self.controller_namespace}", "--", *argv]
+        full = ["nsenter", f"--net={NETNS_DIR / self.controller.namespace}", "--", *argv]
         try:
             done = subprocess.run(full, cwd=cwd, env=env or self.environment(), capture_output=True, text=True,
                                   timeout=timeout_s, check=False)
@@ -206,21 +198,11 @@ class LocalCluster:
 
     def node_processes(self, node: SlurmNode) -> list[int]:
         """Every process in the node's network namespace: its slurmd, slurmstepd, a job's tasks."""
-        try:
-            out = run_command(["ip", "netns", "pids", node.namespace]).stdout
-        except NetworkError:  # the namespace is gone
-            return []
-        return [int(pid) for pid in out.split()]
+        return self.machines.pids(node.index)
 
     def kill_node(self, node: SlurmNode) -> list[int]:
-        """Lose the node as a machine is lost: SIGKILL every process on it at once; returns their pids."""
-        pids = self.node_processes(node)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return pids
+        """Lose the node as a machine is lost: every process on it SIGKILLed at once (`Nodes.kill`)."""
+        return self.machines.kill(node.index)
 
     def node(self, name: str) -> SlurmNode:
         return next(node for node in self.nodes if node.name == name)
@@ -230,10 +212,12 @@ class LocalCluster:
         root = self.root
         lines = [
             "ClusterName=resilience",
-            f"SlurmctldHost={CONTROLLER}({self.controller_address})",
+            f"SlurmctldHost={CONTROLLER}({self.controller.address})",
             f"SlurmctldPort={CONTROLLER_PORT}",
             "SlurmUser=root", "SlurmdUser=root",
-            "AuthType=auth/munge", f"AuthInfo=socket={self.socket}", "CredType=cred/munge",
+            "AuthType=auth/munge", "CredType=cred/munge",
+            # cred_expire: a requeued job waits this long before it may start again (default 120 s)
+            f"AuthInfo=socket={self.socket},cred_expire={CRED_EXPIRE_S}",
             f"StateSaveLocation={root / 'state'}",
             f"SlurmdSpoolDir={root / 'spool' / '%n'}",
             f"SlurmctldPidFile={root / 'run' / 'slurmctld.pid'}", f"SlurmdPidFile={root / 'run' / 'slurmd.%n.pid'}",
@@ -242,6 +226,7 @@ class LocalCluster:
             "MpiDefault=none", "JobAcctGatherType=jobacct_gather/none",
             "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/none", "MailProg=/bin/true",
             "SelectType=select/linear", "SchedulerType=sched/builtin",
+            "SchedulerParameters=sched_interval=1",  # a requeued job starts within a second of its BeginTime
             "SlurmdParameters=config_overrides",  # the node has the CPUs written here, whatever the machine has
             "ReturnToService=2", "JobRequeue=1",  # a batch job on a failed node is requeued
             "SlurmctldTimeout=10", "SlurmdTimeout=10", "InactiveLimit=0", "KillWait=2", "MinJobAge=600",
@@ -253,15 +238,15 @@ class LocalCluster:
         return "\n".join(lines) + "\n"
 
     def _hosts(self) -> list[tuple[str, str]]:
-        return [(CONTROLLER, self.controller_address)] + [(n.name, n.address) for n in self.nodes]
+        return [(self.controller.name, self.controller.address)] + [(n.name, n.address) for n in self.nodes]
 
-    def _start_daemon(self, name: str, hostname: str, namespace: str, argv: list[str]) -> None:
-        log = self.root / "log" / f"{name}.out"
-        with open(log, "wb") as out:
+    def _start_daemon(self, name: str, machine: SlurmNode, argv: list[str]) -> None:
+        # nsenter, not `ip netns exec` (`Nodes.start`): that one remounts /sys for the namespace, and
+        # slurmd 22.05 then fails "No filesystem mounted on /sys/fs/cgroup" whatever its proctrack
+        with open(self.root / "log" / f"{name}.out", "wb") as out:
             daemon = subprocess.Popen(
-                ["unshare", "--fork", "--pid", "--kill-child", "--mount", "--uts", "--propagation", "private",
-                 "--", "sh", "-c", _ENTER, "sh",
-                 str(self.root / "hosts"), hostname, namespace, *argv],
+                ["nsenter", f"--net={NETNS_DIR / machine.namespace}", "--", *_NODE_NAMESPACES, "--", "sh", "-c",
+                 _ENTER, "sh", str(self.root / "hosts"), machine.name, *argv],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 env=self.environment())
         janitor.register("pgid", daemon.pid)
@@ -276,17 +261,6 @@ class LocalCluster:
                 raise SlurmError(f"the SLURM cluster in {self.root} did not reach {what} within {timeout_s:g} s"
                                  + ("; " + "; ".join(dead) if dead else ""))
             time.sleep(0.1)
-
-    def _kill_namespace_processes(self) -> int:
-        """SIGKILL every process in the cluster's namespaces; how many there were."""
-        pids = [pid for node in self.nodes for pid in self.node_processes(node)]
-        pids += self.node_processes(SlurmNode(CONTROLLER, self.controller_address, 0, self.controller_namespace))
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return len(pids)
 
 
 def _tail(path: Path, lines: int = 5) -> str:
