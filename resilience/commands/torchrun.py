@@ -14,13 +14,20 @@ def add_torchrun_command(sub) -> None:
                              description=__doc__)
     command.add_argument("paths", nargs="+", help="scenario files or directories of them")
     command.add_argument("--case", help="run only the case with this id")
-    command.add_argument("--nnodes", type=int, default=1)
+    command.add_argument("--nnodes", type=_nnodes, default=(None, 1), metavar="N|MIN:MAX",
+                         help="nodes in the job; MIN:MAX is elastic (the job goes on with at least MIN)")
     command.add_argument("--nproc-per-node", type=int, default=None,
                          help="default: the case's world size divided by --nnodes")
     command.add_argument("--max-restarts", type=int, default=1)
     command.add_argument("--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous (several nodes); "
                                                  "without it, one node runs --standalone")
     command.add_argument("--rdzv-id", help="the job id shared by every node (default: from --case-dir)")
+    command.add_argument("--rdzv-conf", help="torchrun's --rdzv-conf, e.g. is_host=1 on the node serving the "
+                                             "store when it cannot tell from its host name, and the "
+                                             "rendezvous timeouts")
+    command.add_argument("--local-addr", help="torchrun's --local-addr: this node's address")
+    command.add_argument("--join", action="store_true",
+                         help="join a job the other nodes already run in --case-dir (a spare node)")
     command.add_argument("--case-dir", type=Path,
                          help="the case directory, the same shared path on every node (one case only); kept")
     command.add_argument("--workdir", type=Path, help="where fresh case directories go")
@@ -38,8 +45,21 @@ def torchrun_main(args: argparse.Namespace) -> int:
 
     def run_case(case):
         return run_case_under_torchrun(
-            case, args.nnodes, args.nproc_per_node, args.max_restarts, rdzv_endpoint=args.rdzv_endpoint,
+            case, args.nnodes[1], args.nproc_per_node, args.max_restarts, rdzv_endpoint=args.rdzv_endpoint,
             rdzv_id=args.rdzv_id, case_dir=args.case_dir, work_root=args.workdir, keep=args.keep,
-            startup_s=args.startup)
+            startup_s=args.startup, rdzv_conf=args.rdzv_conf, local_addr=args.local_addr,
+            min_nodes=args.nnodes[0], join=args.join)
 
     return 1 if run_and_report(cases, run_case) + failures else 0
+
+
+def _nnodes(text: str) -> tuple[int | None, int]:
+    """"N" -> (None, N); "MIN:MAX" -> (MIN, MAX)."""
+    low, _, high = text.rpartition(":")
+    try:
+        pair = (int(low) if low else None, int(high))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--nnodes {text!r}: allowed: N or MIN:MAX (integers)") from None
+    if pair[1] < 1 or (pair[0] is not None and not 1 <= pair[0] <= pair[1]):
+        raise argparse.ArgumentTypeError(f"--nnodes {text!r}: allowed: N >= 1, or 1 <= MIN <= MAX")
+    return pair

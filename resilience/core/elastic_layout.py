@@ -110,3 +110,47 @@ def write_atomically(path: Path, text: str) -> None:
     staging = path.with_name(f".{path.name}.{os.getpid()}")
     staging.write_text(text)
     os.replace(staging, path)
+
+
+def claim_incarnation(case_dir: Path, launch: int, world_size: int) -> Incarnation:
+    """Which start of the rank group this rank process belongs to, agreed by every rank of every
+    node through the shared case directory (called once per process, as it starts).
+
+    TORCHELASTIC_RESTART_COUNT cannot say it with several agents: an agent counts only the
+    restarts its own workers' failures caused (torch 2.13 `SimpleElasticAgent._invoke_run`: a
+    restart for a node waiting to join decrements nothing), and a spare node's new agent starts at
+    0. The starts of one launch are strictly sequential (an agent stops its workers before the next
+    rendezvous round, and no round's workers start before every agent joined it), so each process
+    takes the next ticket (1, 2, ...) and round ``i`` holds the tickets ``base < t <= base + size``;
+    the first process of a new round records it (``launch<L>.rounds/<i>``: "base size")."""
+    starts, rounds = case_dir / f"launch{launch}.starts", case_dir / f"launch{launch}.rounds"
+    starts.mkdir(parents=True, exist_ok=True)
+    rounds.mkdir(parents=True, exist_ok=True)
+    ticket = len(os.listdir(starts)) + 1
+    while True:
+        try:
+            os.close(os.open(starts / str(ticket), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            break
+        except FileExistsError:
+            ticket += 1
+    while True:
+        index, base, size = _latest_round(rounds)
+        if base < ticket <= base + size:
+            return Incarnation(launch, index)
+        staging = rounds / f".{index + 1}.{os.getpid()}"
+        staging.write_text(f"{base + size} {world_size}")
+        try:
+            os.link(staging, rounds / str(index + 1))  # atomic, and refused when another rank was first
+        except FileExistsError:
+            pass
+        finally:
+            staging.unlink()
+
+
+def _latest_round(rounds: Path) -> tuple[int, int, int]:
+    """(index, base, size) of the newest round recorded; (-1, 0, 0) before the first."""
+    indices = [int(name) for name in os.listdir(rounds) if name.isdigit()]
+    if not indices:
+        return -1, 0, 0
+    base, size = (rounds / str(max(indices))).read_text().split()
+    return max(indices), int(base), int(size)

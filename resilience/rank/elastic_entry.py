@@ -21,11 +21,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..core.elastic_layout import Incarnation, TorchrunLayout, write_atomically
+from ..core.elastic_layout import LAUNCH_ENV, Incarnation, TorchrunLayout, claim_incarnation, write_atomically
 from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
 from ..core.events import EventLog
 from .worker import die_with_parent, redirect_output, report_failure
 
+NODE_ENV = "RESILIENCE_NODE"  # the node this rank runs on, set by whoever started the node's agent
 USAGE = "usage: torchrun ... -m resilience.rank.elastic_entry CASE_DIR (written by resilience.run.torchrun)"
 
 
@@ -35,7 +36,8 @@ def main(argv: list[str]) -> int:
         return 2
     layout = TorchrunLayout(Path(argv[1]))
     rank = int(os.environ["RANK"])
-    incarnation = Incarnation.from_environment(os.environ)
+    incarnation = claim_incarnation(layout.case_dir, int(os.environ.get(LAUNCH_ENV, "0")),
+                                    int(os.environ["WORLD_SIZE"]))
     die_with_parent()  # with torchrun's agent
     layout.incarnation_dir(incarnation).mkdir(parents=True, exist_ok=True)
     child = os.fork()
@@ -89,6 +91,8 @@ def _rank(layout: TorchrunLayout, incarnation: Incarnation, rank: int) -> int:
             _enter(plan, rank)
             events = EventLog(plan.events_path(rank), rank)
             events.emit("phase_begin", phase=plan.name, launch=incarnation.launch, restart_count=incarnation.restart,
+                        agent_restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                        node=os.environ.get(NODE_ENV), group_rank=int(os.environ.get("GROUP_RANK", "0")),
                         local_rank=int(os.environ.get("LOCAL_RANK", rank)), device=placement.device,
                         backend=placement.backend)
             if not dist.is_initialized():

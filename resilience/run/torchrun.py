@@ -18,7 +18,6 @@ stack (SIGUSR1, faulthandler), then torchrun's process group and every rank's ar
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import time
@@ -37,26 +36,11 @@ from ..core.events import read_events, tail
 from ..oracle.evidence import collect_phase, stderr_tails, where_waiting
 from ..oracle.judge import judge
 from .local_probe import probe_in_local_ranks
+from ..launch.torchrun_command import STARTUP_S, TorchrunOptions, torchrun_command
 from .supervisor import AgentLaunch, supervise
 
-STARTUP_S = 120.0  # torchrun's start, rendezvous and `import torch` on busy machines
-ENTRY_MODULE = "resilience.rank.elastic_entry"
+__all__ = ["STARTUP_S", "TorchrunOptions", "incompatibility", "run_case_under_torchrun", "torchrun_command"]
 
-
-@dataclass(frozen=True)
-class TorchrunOptions:
-    """How torchrun is launched. ``rdzv_endpoint`` None with one node: ``--standalone``."""
-
-    nnodes: int = 1
-    nproc_per_node: int | None = None  # None: the case's world size divided by nnodes
-    max_restarts: int = 1
-    rdzv_endpoint: str | None = None  # HOST:PORT of the c10d rendezvous (several nodes)
-    rdzv_id: str | None = None  # None: derived from the case directory (the same on every node)
-    python: str = sys.executable
-    startup_s: float = STARTUP_S
-
-    def ranks_per_node(self, case: Case) -> int:
-        return self.nproc_per_node if self.nproc_per_node is not None else case.workload.world_size // self.nnodes
 
 
 def incompatibility(case: Case, options: TorchrunOptions = TorchrunOptions()) -> str | None:
@@ -96,17 +80,18 @@ def run_case_under_torchrun(case: Case, nnodes: int = 1, nproc_per_node: int | N
                             max_restarts: int = 1, *, rdzv_endpoint: str | None = None,
                             rdzv_id: str | None = None, case_dir: Path | None = None,
                             work_root: Path | None = None, keep: bool = False,
-                            python: str | None = None, startup_s: float = STARTUP_S) -> CaseResult:
+                            python: str | None = None, startup_s: float = STARTUP_S, **more) -> CaseResult:
     """Run ``case`` under torchrun and judge it; the same `CaseResult` the local harness returns.
 
     ``case_dir``: the case directory (on several nodes: the same shared path on each, and each
     node runs this same call); it is kept. Without it, a fresh directory under ``work_root`` (or
     TMPDIR) is used and removed afterwards unless ``keep``. Raises `TorchrunIncompatible` for a
     case torchrun cannot express, `StrategyUnavailable` when the strategy's library is missing,
-    `HarnessError` when the job never produced a reference."""
+    `HarnessError` when the job never produced a reference. ``more``: the other `TorchrunOptions`
+    (``rdzv_conf``, ``local_addr``, ``min_nodes``, ``join``)."""
     options = TorchrunOptions(nnodes=nnodes, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
                               rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, python=python or sys.executable,
-                              startup_s=startup_s)
+                              startup_s=startup_s, **more)
     reason = incompatibility(case, options)
     if reason:
         raise TorchrunIncompatible(reason)
@@ -117,19 +102,6 @@ def run_case_under_torchrun(case: Case, nnodes: int = 1, nproc_per_node: int | N
         return _Driver(case, TorchrunLayout(Path(case_dir).resolve()), options).run()
     with janitor.temporary_directory("resilience-torchrun-", work_root, keep) as owned:
         return _Driver(case, TorchrunLayout(owned.resolve()), options).run()
-
-
-def torchrun_command(case: Case, options: TorchrunOptions, case_dir: Path, launch: int = 0) -> list[str]:
-    """The torchrun command line of one launch (the same on every node)."""
-    if options.nnodes == 1 and not options.rdzv_endpoint:
-        rendezvous = ["--standalone"]
-    else:
-        rdzv_id = options.rdzv_id or "resilience-" + hashlib.sha256(str(case_dir).encode()).hexdigest()[:12]
-        rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", options.rdzv_endpoint,
-                      "--rdzv-id", f"{rdzv_id}-{launch}"]
-    return [options.python, "-m", "torch.distributed.run", *rendezvous, "--nnodes", str(options.nnodes),
-            "--nproc-per-node", str(options.ranks_per_node(case)), "--max-restarts", str(options.max_restarts),
-            "--monitor-interval", "0.1", "-m", ENTRY_MODULE, str(case_dir)]
 
 
 @dataclass(frozen=True)
@@ -169,6 +141,8 @@ class _Driver:
     # -- before the launch ------------------------------------------------------------------------
     def _prepare(self) -> None:
         layout, case = self.layout, self.case
+        if layout.incarnations() and self.options.join:  # a node joining the running job: the rest is done
+            return
         if layout.incarnations():  # its files would be judged as this run's (on several nodes, no rank
             # starts before every node's agent joined, so a node that prepares late still sees none)
             raise HarnessError(f"case directory {layout.case_dir} holds an earlier run's ranks "
@@ -187,8 +161,10 @@ class _Driver:
 
     def _environment(self, launch: int) -> dict[str, str]:
         env = rank_environment()
-        if self.options.nnodes > 1 and "GLOO_SOCKET_IFNAME" not in os.environ:
-            del env["GLOO_SOCKET_IFNAME"]  # loopback only on one node; several use the cluster's network
+        if self.options.nnodes > 1:  # loopback only on one node; several use the cluster's network
+            env.pop("GLOO_SOCKET_IFNAME")
+            if "GLOO_SOCKET_IFNAME" in os.environ:  # the node's own interface (nodes in namespaces: veth0)
+                env["GLOO_SOCKET_IFNAME"] = os.environ["GLOO_SOCKET_IFNAME"]
         env["TMPDIR"] = str(self.layout.temp_dir)  # torchrun's torchelastic_* directories go with the case
         env[LAUNCH_ENV] = str(launch)
         return env
