@@ -5,11 +5,16 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from resilience.core.case import VerdictKind
+from resilience.core.events import read_events
 from resilience.faults import netns
+from resilience.run.harness import Harness
+from resilience.scenario.loader import load_file
 from resilience.launch.slurm_cluster import LocalCluster, slurm_missing
 
 REPO = Path(__file__).resolve().parent.parent
@@ -87,3 +92,49 @@ def test_the_docs_slurm_recipe_runs_through_sbatch_on_two_namespaced_nodes(clust
         sent = after[node.namespace]["tx_bytes"] - before[node.namespace]["tx_bytes"]
         assert sent > 300_000, f"{node.name} sent only {sent} bytes"
     assert after[cluster.nodes[2].namespace]["tx_bytes"] - before[cluster.nodes[2].namespace]["tx_bytes"] < 100_000
+
+
+NODE_LOSS = """name: node 1 lost at step 6
+description: one rank per node; the node of rank 1 is lost as it begins step 6 (after the step-4 save)
+strategy: torch.rank0
+workload: {model: mlp, world_size: 2, steps: 12, checkpoint_every: 4, seed: 0}
+fault: {kind: kill, rank: 1, step: 6, phase: train, point: start}
+restart: {world_size: 2}
+expect: recovers
+"""
+
+
+def await_fault(case_dir: Path, rank: int, timeout_s: float) -> dict:
+    """The first run's fault event of ``rank`` once written (the rank dies right after it)."""
+    events = case_dir / "launch0.restart0" / "first_run" / f"rank{rank}.events.jsonl"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        fired = [e for e in read_events(events) if e["event"] == "fault_fired"]
+        if fired:
+            return fired[0]
+        time.sleep(0.02)
+    raise AssertionError(f"rank {rank} never reached its fault within {timeout_s:g} s: {events}")
+
+
+@needs_slurm
+def test_a_node_lost_under_slurm_is_requeued_on_a_spare_node_and_gives_the_local_harness_verdict(cluster, tmp_path):
+    scenario = tmp_path / "node_loss.scenario.yaml"
+    scenario.write_text(NODE_LOSS)
+    recipe = docs_recipe().replace("scenarios/no_fault.scenario.yaml --case strategy=torch.rank0", str(scenario))
+    job_id, cases = submit(cluster, tmp_path, recipe)
+    case_dir = cases / f"case-{job_id}"
+    await_fault(case_dir, 1, JOB_TIMEOUT_S)
+    lost = cluster.kill_node(cluster.node("node1"))  # the machine is gone: slurmd, slurmstepd, agent, rank
+    assert len(lost) >= 3, lost
+    # as a health check does (SLURM's own ping found the silent slurmd ~26 s later here)
+    cluster.scontrol("update", "nodename=node1", "state=down", "reason=node lost")
+    requeued = cluster.wait(job_id, 30, until=lambda job: job.restarts == 1)
+    job = cluster.wait(job_id, JOB_TIMEOUT_S)
+    output = (cases / f"slurm-{job_id}.out").read_text()
+    assert job.state == "COMPLETED" and job.nodes == "node[0,2]", (job, output)
+    verdicts = re.findall(r"^(\S+ \S+ expected RECOVERED \S+node_loss.scenario.yaml.*)$", output, re.M)
+    # the same case under the local harness: rank 1 SIGKILLed as it begins step 6
+    local = Harness(work_root=tmp_path / "local").run(load_file(scenario).cases[0])
+    assert local.verdict.kind is VerdictKind.RECOVERED and local.verdict.restored_step == 4
+    assert len(verdicts) == 2 and all(v.startswith("PASSED RECOVERED") and "(restored step 4, " in v
+                                      for v in verdicts), (output, requeued)

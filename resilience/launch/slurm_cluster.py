@@ -44,7 +44,8 @@ CONTROLLER_PORT = 6817
 FIRST_SLURMD_PORT = 6818  # node k listens on FIRST_SLURMD_PORT + k (distinct, as on one shared address)
 COMMAND_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 60.0
-CRED_EXPIRE_S = 10
+CRED_EXPIRE_S = 10  # a requeued job may start again this long after it was requeued (default 120)
+SLURMD_TIMEOUT_S = 10  # a node silent this long is DOWN (measured: detected ~26 s after its loss)
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
             "DEADLINE", "PREEMPTED")
 # In the node's private mount and UTS namespace: the cluster's hosts file over /etc/hosts, the node's
@@ -229,7 +230,7 @@ class LocalCluster:
             "SchedulerParameters=sched_interval=1",  # a requeued job starts within a second of its BeginTime
             "SlurmdParameters=config_overrides",  # the node has the CPUs written here, whatever the machine has
             "ReturnToService=2", "JobRequeue=1",  # a batch job on a failed node is requeued
-            "SlurmctldTimeout=10", "SlurmdTimeout=10", "InactiveLimit=0", "KillWait=2", "MinJobAge=600",
+            "SlurmctldTimeout=10", f"SlurmdTimeout={SLURMD_TIMEOUT_S}", "InactiveLimit=0", "KillWait=2", "MinJobAge=600",
         ]
         lines += [f"NodeName={n.name} NodeAddr={n.address} Port={n.port} CPUs=1 RealMemory=1000 State=UNKNOWN"
                   for n in self.nodes]
