@@ -15,6 +15,7 @@ from resilience.core.events import read_events
 from resilience.faults import netns
 from resilience.run.harness import Harness
 from resilience.scenario.loader import load_file
+from resilience.errors import SlurmError
 from resilience.launch.slurm_cluster import LocalCluster, slurm_missing
 
 REPO = Path(__file__).resolve().parent.parent
@@ -138,3 +139,19 @@ def test_a_node_lost_under_slurm_is_requeued_on_a_spare_node_and_gives_the_local
     assert local.verdict.kind is VerdictKind.RECOVERED and local.verdict.restored_step == 4
     assert len(verdicts) == 2 and all(v.startswith("PASSED RECOVERED") and "(restored step 4, " in v
                                       for v in verdicts), (output, requeued)
+
+
+def test_the_cluster_configuration_names_each_node_with_its_own_port_and_paths(tmp_path):
+    """What slurm.conf says (no daemon started: runs without root too)."""
+    cluster = LocalCluster(tmp_path / "slurm", nodes=2)
+    conf = cluster.slurm_conf()
+    assert "NodeName=node0 NodeAddr=10.213.0.1 Port=6818 " in conf
+    assert "NodeName=node1 NodeAddr=10.213.0.2 Port=6819 " in conf
+    assert "SlurmctldHost=ctl(10.213.0.3)" in conf
+    for key in ("SlurmdSpoolDir", "SlurmdPidFile", "SlurmdLogFile"):
+        line = next(line for line in conf.splitlines() if line.startswith(key + "="))
+        assert line.startswith(f"{key}={tmp_path / 'slurm'}") and "%n" in line, line
+    assert "ProctrackType=proctrack/linuxproc" in conf and "TaskPlugin=task/none" in conf
+    assert f"AuthInfo=socket={tmp_path / 'slurm' / 'run' / 'munge.socket'}," in conf
+    with pytest.raises(SlurmError, match="at least one node; got nodes=0"):
+        LocalCluster(tmp_path, nodes=0)
