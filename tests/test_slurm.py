@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -155,3 +156,31 @@ def test_the_cluster_configuration_names_each_node_with_its_own_port_and_paths(t
     assert f"AuthInfo=socket={tmp_path / 'slurm' / 'run' / 'munge.socket'}," in conf
     with pytest.raises(SlurmError, match="at least one node; got nodes=0"):
         LocalCluster(tmp_path, nodes=0)
+
+
+HOLDS_A_CLUSTER = """
+import sys, time
+from pathlib import Path
+from resilience.launch.slurm_cluster import LocalCluster
+cluster = LocalCluster(Path(sys.argv[1]), nodes=2).start()
+print(cluster.machines.topology.prefix, flush=True)
+time.sleep(600)
+"""
+
+
+@needs_slurm
+def test_a_process_killed_with_its_cluster_running_leaves_no_daemon_and_no_namespace(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", HOLDS_A_CLUSTER, str(tmp_path / "slurm")],
+                              stdout=subprocess.PIPE, text=True)
+    prefix = holder.stdout.readline().strip()  # the cluster is up (start has its own deadline)
+    try:
+        assert prefix and len(processes_naming(tmp_path)) >= 4, "munged, slurmctld and two slurmd"
+    finally:
+        holder.kill()  # no finally block of its own runs: the janitor frees what it registered
+        holder.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (processes_naming(tmp_path) or [
+            name for name in netns.list_namespaces() if name.startswith(prefix + "-")]):
+        time.sleep(0.1)
+    assert processes_naming(tmp_path) == [], "a daemon outlived the process that started it"
+    assert not [name for name in netns.list_namespaces() if name.startswith(prefix + "-")]
