@@ -9,7 +9,7 @@ case directory must be on a filesystem every node sees, as the checkpoint direct
       launch<L>.restart<R>/        one incarnation: the driver's launch L, TORCHELASTIC_RESTART_COUNT R
         <phase>/                   plan.json, rank<r>.events.jsonl, rank<r>.out, rank<r>.err
         outcome.rank<r>.json       how the rank process ended, written by its supervisor
-      torchrun.launch<L>.log       torchrun's own output
+      torchrun.launch<L>[.<addr>].log  torchrun's own output (one per node with --local-addr)
 
 Imports nothing heavy: the supervisor torchrun starts reads it before forking its rank.
 """
@@ -77,8 +77,9 @@ class TorchrunLayout:
     def outcome_path(self, incarnation: Incarnation, rank: int) -> Path:
         return self.incarnation_dir(incarnation) / f"outcome.rank{rank}.json"
 
-    def torchrun_log(self, launch: int) -> Path:
-        return self.case_dir / f"torchrun.launch{launch}.log"
+    def torchrun_log(self, launch: int, node: str | None = None) -> Path:
+        """torchrun's output on one node (``node``: its address, when several share the directory)."""
+        return self.case_dir / (f"torchrun.launch{launch}.log" if node is None else f"torchrun.launch{launch}.{node}.log")
 
     def plan(self, incarnation: Incarnation, phase: str) -> PhasePlan:
         """The phase's plan in this incarnation: the driver's template, in the incarnation's directory."""
@@ -154,3 +155,7 @@ def _latest_round(rounds: Path) -> tuple[int, int, int]:
         return -1, 0, 0
     base, size = (rounds / str(max(indices))).read_text().split()
     return max(indices), int(base), int(size)
+
+
+NODE_ENV = "RESILIENCE_NODE"  # the node a process runs on (0, 1, ...), set for a node's launcher
+NODE_NAMESPACE_ENV = "RESILIENCE_NODE_NAMESPACE"  # the network namespace that node is (nodes on one machine)

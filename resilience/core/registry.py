@@ -24,6 +24,7 @@ STRATEGIES = {
 FAULTS = {
     "none": "resilience.faults.noop:NoFault",
     "kill": "resilience.faults.kill:Kill",
+    "node_loss": "resilience.faults.node_loss:NodeLoss",
     "disk_full": "resilience.faults.disk_full:DiskFull",
     "stall": "resilience.faults.stall:Stall",
     "partition": "resilience.faults.network:Partition",

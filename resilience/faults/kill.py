@@ -151,6 +151,10 @@ class Kill(Fault):
             detail["writer_pid"] = os.getpid()
         self.fired(point=self.trigger.point, file=file.relative if file else None,
                    offset=file.offset if file else None, ends_process=not helper, **detail)
+        self.end(forked_writer)
+
+    def end(self, forked_writer: bool) -> None:
+        """What dies once the event is on record: this process (and the rank that forked it)."""
         if forked_writer:  # the rank's forked writer reached the trigger: the rank dies with it
             os.kill(self._armed_pid, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)

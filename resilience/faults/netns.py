@@ -133,6 +133,30 @@ class Topology:
         return left
 
 
+def namespace_inode(pid: int | str = "self") -> int | None:
+    """The network namespace process ``pid`` is in (its inode); None when it is gone."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
+
+
+def is_in_namespace(name: str) -> bool:
+    """Whether this process is in network namespace ``name`` (and that is not the machine's own)."""
+    try:
+        wanted = os.stat(NETNS_DIR / name).st_ino
+    except OSError:
+        return False
+    return namespace_inode() == wanted and namespace_inode(1) != wanted
+
+
+def processes_in_my_namespace() -> list[int]:
+    """Every other process in this process's network namespace (what ``ip netns pids`` lists)."""
+    mine, me = namespace_inode(), os.getpid()
+    return [int(entry) for entry in os.listdir("/proc")
+            if entry.isdigit() and int(entry) != me and namespace_inode(entry) == mine]
+
+
 def join_namespace(name: str) -> None:
     """Move the calling thread (the whole rank: it is single-threaded here) into network namespace ``name``."""
     path = NETNS_DIR / name

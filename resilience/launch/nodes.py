@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import janitor
+from ..core.elastic_layout import NODE_ENV, NODE_NAMESPACE_ENV
 from ..errors import NetworkError
 from ..faults.netns import IFNAME, Topology, remove_stale_namespaces
 
@@ -106,7 +107,10 @@ class Nodes:
 
     def start(self, index: int, argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
         """Run ``argv`` inside node ``index`` (``ip netns exec``, which execs it: the Popen's pid is
-        the command's), in a session of its own, stdout and stderr to ``log_path``."""
+        the command's), in a session of its own, stdout and stderr to ``log_path``. Its environment
+        is ``env`` plus RESILIENCE_NODE (the index) and RESILIENCE_NODE_NAMESPACE (what the
+        node_loss fault ends), which every process it starts inherits."""
+        env = {**env, NODE_ENV: str(index), NODE_NAMESPACE_ENV: self.nodes[index].namespace}
         with open(log_path, "ab") as log:
             process = subprocess.Popen(["ip", "netns", "exec", self.nodes[index].namespace, *argv],
                                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,

@@ -21,12 +21,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..core.elastic_layout import LAUNCH_ENV, Incarnation, TorchrunLayout, claim_incarnation, write_atomically
+from ..core.elastic_layout import LAUNCH_ENV, NODE_ENV, Incarnation, TorchrunLayout, claim_incarnation, write_atomically
 from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
 from ..core.events import EventLog
 from .worker import die_with_parent, redirect_output, report_failure
 
-NODE_ENV = "RESILIENCE_NODE"  # the node this rank runs on, set by whoever started the node's agent
 USAGE = "usage: torchrun ... -m resilience.rank.elastic_entry CASE_DIR (written by resilience.run.torchrun)"
 
 
@@ -87,6 +86,7 @@ def _rank(layout: TorchrunLayout, incarnation: Incarnation, rank: int) -> int:
 
         torch.set_num_threads(1)  # reductions over several threads change the bits of a sum
         placement = for_rank(rank)
+        _check_node(plans, rank)
         for plan in plans:
             _enter(plan, rank)
             events = EventLog(plan.events_path(rank), rank)
@@ -106,6 +106,17 @@ def _rank(layout: TorchrunLayout, incarnation: Incarnation, rank: int) -> int:
             events = EventLog(plans[0].events_path(rank), rank)
         report_failure(events, exc)
         return 1
+
+
+def _check_node(plans: list[PhasePlan], rank: int) -> None:
+    """With node-local storage, the node the rendezvous put this rank on must be the one the
+    case's topology names (c10d orders nodes by address): else it would read another node's disk."""
+    node = os.environ.get(NODE_ENV)
+    for plan in plans:
+        topology = plan.placement()
+        if node is not None and topology.storage == "node_local" and topology.node_of(rank) != int(node):
+            raise RuntimeError(f"rank {rank} runs on node {node}, but the {plan.name} topology places it on node "
+                               f"{topology.node_of(rank)} ({topology.describe()}): start the nodes in that order")
 
 
 def _join(backend: str, rank: int, incarnation: Incarnation, timeout) -> None:

@@ -67,7 +67,10 @@ def incompatibility(case: Case, options: TorchrunOptions = TorchrunOptions()) ->
         return (f"{where}: the restart runs under another interpreter or packages; torchrun restarts "
                 f"with the one it was started with (allowed: neither restart.python nor restart.packages)")
     fault = registry.resolve("fault", case.fault.kind)
-    if fault.supervises:
+    if getattr(fault, "acts_in_its_node", False) and options.nnodes == 1:
+        return (f"{where}: fault {case.fault.kind} ends a whole node; under torchrun that needs several nodes "
+                f"(allowed: nnodes >= 2, each node a network namespace: resilience.launch.nodes)")
+    if fault.supervises and not getattr(fault, "acts_in_its_node", False):
         return (f"{where}: fault {case.fault.kind} is driven from outside the ranks while they run "
                 f"(signals, network rules); under torchrun faults act only from inside the ranks")
     if fault.heal is not Fault.heal:
@@ -154,9 +157,13 @@ class _Driver:
         common = dict(case_file=str(layout.case_file), world_size=size, store_path="", phase_dir="",
                       checkpoint_dir=str(layout.checkpoint_dir), snapshot_dir=None, snapshot_step=None,
                       rank_map=tuple(range(size)), collective_timeout_s=case.timeouts.collective_s)
-        for plan in (PhasePlan(name=REFERENCE, start="fresh", save=False, inject=False, record_states=True, **common),
-                     PhasePlan(name=FIRST_RUN, start="fresh", save=True, inject=True, record_states=False, **common),
-                     PhasePlan(name=RESTART, start="strategy", save=True, inject=False, record_states=False, **common)):
+        first, restart = case.placement.as_dict(), case.restart.placement.as_dict()  # node-local storage follows it
+        for plan in (PhasePlan(name=REFERENCE, start="fresh", save=False, inject=False, record_states=True,
+                               topology=first, **common),
+                     PhasePlan(name=FIRST_RUN, start="fresh", save=True, inject=True, record_states=False,
+                               topology=first, **common),
+                     PhasePlan(name=RESTART, start="strategy", save=True, inject=False, record_states=False,
+                               topology=restart, **common)):
             plan.write(layout.template(plan.name))
 
     def _environment(self, launch: int) -> dict[str, str]:
@@ -172,7 +179,7 @@ class _Driver:
     # -- while it runs ----------------------------------------------------------------------------
     def _launch(self, launch: int) -> _Hang | None:
         group = AgentLaunch(torchrun_command(self.case, self.options, self.layout.case_dir, launch),
-                            self._environment(launch), self.layout.torchrun_log(launch),
+                            self._environment(launch), self.layout.torchrun_log(launch, self.options.local_addr),
                             lambda: self._event_files(launch), marker=str(self.layout.case_dir))
         started, found = time.time(), []
 
@@ -202,7 +209,7 @@ class _Driver:
             return None
         if not marks:
             raise HarnessError(f"torchrun started no rank within {now - launch_started:.0f} s; its output:\n"
-                               f"{tail(self.layout.torchrun_log(launch))}")
+                               f"{tail(self.layout.torchrun_log(launch, self.options.local_addr))}")
         _, incarnation, phase = max(marks, key=lambda mark: mark[0])
         return _Hang(incarnation, phase, frozenset())
 
@@ -210,7 +217,7 @@ class _Driver:
         """Whether the job ended without any restore (no fault, or its restarts ran out first)."""
         incarnations = self.layout.incarnations()
         if Incarnation(0, 0) not in incarnations:
-            raise HarnessError(f"torchrun started no rank; its output:\n{tail(self.layout.torchrun_log(0))}")
+            raise HarnessError(f"torchrun started no rank; its output:\n{tail(self.layout.torchrun_log(0, self.options.local_addr))}")
         return all(incarnation.is_first for incarnation in incarnations)
 
     # -- after it ended ---------------------------------------------------------------------------
@@ -221,7 +228,7 @@ class _Driver:
             detail = reference.first_error.summary() if reference.first_error else reference.status
             raise HarnessError(f"the uninterrupted reference run did not complete under torchrun ({detail})\n"
                                + stderr_tails(reference)
-                               + f"\n--- torchrun ---\n{tail(self.layout.torchrun_log(0))}")
+                               + f"\n--- torchrun ---\n{tail(self.layout.torchrun_log(0, self.options.local_addr))}")
         phases = [reference, self._phase(first, FIRST_RUN, hang)]
         later = [i for i in self.layout.incarnations() if not i.is_first]
         if later:

@@ -1,0 +1,134 @@
+"""A case as a multi-node torchrun job on this one machine, run as a cluster runs it (root).
+
+    job = run_job_on_nodes(Path("scenarios/x.scenario.yaml"), "case-id", nodes=2, nproc_per_node=2,
+                           spares=1, work_dir=tmp)
+    [node.verdict_line for node in job.nodes]      # every driver that lived judged the same files
+
+Each node (`resilience.launch.nodes`: a network namespace, its address 10.213.0.<i + 1>) runs the
+documented per-node command, ``python -m resilience torchrun SCENARIO --case ID --nnodes N
+--nproc-per-node M --rdzv-endpoint <node 0>:29400 --rdzv-id ID --local-addr <its address>
+--rdzv-conf is_host=<1 on node 0, else 0>,<timeouts> --case-dir CASE_DIR``, with
+GLOO_SOCKET_IFNAME=veth0: the rendezvous, the store and gloo cross the bridge. The case directory
+is the shared filesystem; ``CASE_DIR/checkpoints/node<i>`` is node i's local disk.
+
+A node whose driver was SIGKILLed (a ``node_loss``) is replaced, as a scheduler would, by the next
+spare node, which joins the running job (``--join``) and is placed after the others (c10d orders
+nodes by address). With ``min_nodes`` (``--nnodes MIN:MAX``) no spare is needed: the survivors go on.
+Every phase of the job has ``deadline_s``; past it every node's processes are SIGKILLed.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.elastic_layout import TorchrunLayout
+from ..errors import HarnessError
+from ..launch.nodes import Nodes
+
+RDZV_PORT = 29400  # each node is a namespace of its own: no other job's port to collide with
+#: rendezvous timeouts short enough for tests: a dead node leaves the rendezvous after 2 missed
+#: 1 s heartbeats (default 3 x 5 s), the last call waits 1 s (default 30 s) for late nodes
+FAST_RDZV = "join_timeout=90,last_call_timeout=1,close_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=2"
+POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class NodeRun:
+    """One node's driver: its command, how it ended (-9: the node was lost), what it printed."""
+
+    index: int
+    command: tuple[str, ...]
+    returncode: int | None
+    output: str
+    started_at: float
+    ended_at: float
+
+    @property
+    def lost(self) -> bool:
+        return self.returncode == -9
+
+    @property
+    def verdict_line(self) -> str | None:
+        """The line the driver printed for the case (``PASSED RECOVERED expected ...``)."""
+        return next((line for line in self.output.splitlines()
+                     if line.split(" ", 1)[0] in ("PASSED", "FAILED", "XFAIL", "XPASS", "ERROR")), None)
+
+
+@dataclass(frozen=True)
+class JobOnNodes:
+    case_dir: Path
+    nodes: tuple[NodeRun, ...]
+    elapsed_s: float
+    timed_out: bool
+
+    def survivors(self) -> list[NodeRun]:
+        return [node for node in self.nodes if not node.lost]
+
+
+def driver_command(scenario: Path, case_id: str | None, nodes: Nodes, index: int, *, nnodes: int,
+                   nproc_per_node: int, case_dir: Path, min_nodes: int | None = None, max_restarts: int = 1,
+                   rdzv_conf: str = FAST_RDZV, rdzv_id: str = "job", join: bool = False,
+                   startup_s: float = 60.0) -> list[str]:
+    """The per-node command of the docs (docs/torchrun.md, "Several nodes") for node ``index``."""
+    node = nodes[index]
+    return [sys.executable, "-m", "resilience", "torchrun", str(scenario), *(["--case", case_id] if case_id else []),
+            "--nnodes", f"{min_nodes}:{nnodes}" if min_nodes else str(nnodes), "--nproc-per-node", str(nproc_per_node),
+            "--max-restarts", str(max_restarts), "--rdzv-endpoint", f"{nodes[0].address}:{RDZV_PORT}",
+            "--rdzv-id", rdzv_id, "--local-addr", node.address,
+            "--rdzv-conf", f"is_host={int(index == 0)},{rdzv_conf}" if rdzv_conf else f"is_host={int(index == 0)}",
+            "--case-dir", str(case_dir), "--startup", f"{startup_s:g}", *(["--join"] if join else [])]
+
+
+def run_job_on_nodes(scenario: Path, case_id: str | None, *, nodes: int, nproc_per_node: int, work_dir: Path,
+                     spares: int = 0, min_nodes: int | None = None, max_restarts: int = 1,
+                     rdzv_conf: str = FAST_RDZV, deadline_s: float = 240.0, share_store: bool = True) -> JobOnNodes:
+    """Run the case on ``nodes`` nodes (plus ``spares`` idle ones) and return what each driver did.
+    ``share_store`` False: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, the ranks get a store of each round's
+    own instead of the agents' (a spare joining a later round waits for a MASTER_ADDR key
+    otherwise: docs/torchrun.md, "A spare node joining")."""
+    case_dir = Path(work_dir) / "case"
+    case_dir.mkdir(parents=True, exist_ok=False)
+    log_dir = Path(work_dir) / "drivers"
+    log_dir.mkdir()
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "veth0"}
+    if not share_store:
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    started = time.monotonic()
+    runs: dict[int, dict] = {}
+    with Nodes(nodes + spares, TorchrunLayout(case_dir).checkpoint_dir) as machine:
+        def start(index: int, join: bool) -> None:
+            argv = driver_command(scenario, case_id, machine, index, nnodes=nodes, nproc_per_node=nproc_per_node,
+                                  case_dir=case_dir, min_nodes=min_nodes, max_restarts=max_restarts,
+                                  rdzv_conf=rdzv_conf, join=join)
+            log = log_dir / f"node{index}.log"
+            runs[index] = {"argv": argv, "log": log, "process": machine.start(index, argv, env, log),
+                           "started_at": time.monotonic() - started, "ended_at": None}
+
+        for index in range(nodes):
+            start(index, join=False)
+        next_spare, timed_out = nodes, False
+        while any(run["process"].poll() is None for run in runs.values()):
+            for run in list(runs.values()):
+                if run["ended_at"] is None and run["process"].poll() is not None:
+                    run["ended_at"] = time.monotonic() - started
+                    if run["process"].returncode == -9 and min_nodes is None and next_spare < nodes + spares:
+                        start(next_spare, join=True)  # the scheduler replaces the lost node
+                        next_spare += 1
+            if time.monotonic() - started > deadline_s:
+                timed_out = True
+                break
+            time.sleep(POLL_S)
+        for index in list(runs):  # a deadline, or a node's leftovers: nothing outlives the job
+            if machine.alive(index):
+                machine.kill(index)
+        elapsed = time.monotonic() - started
+        results = tuple(NodeRun(index=index, command=tuple(run["argv"]), returncode=run["process"].wait(),
+                                output=run["log"].read_text(errors="replace"), started_at=run["started_at"],
+                                ended_at=run["ended_at"] if run["ended_at"] is not None else elapsed)
+                        for index, run in sorted(runs.items()))
+    if not results:
+        raise HarnessError("no node driver started")
+    return JobOnNodes(case_dir=case_dir, nodes=results, elapsed_s=elapsed, timed_out=timed_out)
