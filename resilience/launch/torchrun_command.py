@@ -1,5 +1,5 @@
-"""The torchrun command line of a case: how many nodes and ranks, which rendezvous, and the entry
-point every rank runs (`resilience.rank.elastic_entry`)."""
+"""The torchrun command line of a case (how many nodes and ranks, which rendezvous, the entry point
+every rank runs: `resilience.rank.elastic_entry`), and which cases torchrun can express."""
 from __future__ import annotations
 
 import hashlib
@@ -7,7 +7,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core import registry
 from ..core.case import Case
+from ..faults.base import Fault
 
 STARTUP_S = 120.0  # torchrun's start, rendezvous and `import torch` on busy machines
 ENTRY_MODULE = "resilience.rank.elastic_entry"
@@ -51,3 +53,42 @@ def torchrun_command(case: Case, options: TorchrunOptions, case_dir: Path, launc
             "--monitor-interval", "0.1", "-m", ENTRY_MODULE, str(case_dir)]
 
 
+
+
+def incompatibility(case: Case, options: TorchrunOptions = TorchrunOptions()) -> str | None:
+    """Why the case cannot run as one torchrun job, or None. The agent restarts a group at the size
+    and rank layout it had, with the interpreter it was started with, and nothing outside the
+    ranks acts on them while they run."""
+    where = f"{case.source}[{case.id}]"
+    if options.nnodes < 1 or options.max_restarts < 0:
+        return f"{where}: nnodes must be >= 1 and max_restarts >= 0; got {options.nnodes}, {options.max_restarts}"
+    per_node = options.ranks_per_node(case)
+    if per_node < 1 or options.nnodes * per_node != case.workload.world_size:
+        return (f"{where}: workload.world_size is {case.workload.world_size}, but nnodes {options.nnodes} x "
+                f"nproc_per_node {per_node} = {options.nnodes * per_node}; allowed: a product equal to it")
+    if options.nnodes > 1 and not options.rdzv_endpoint:
+        return f"{where}: {options.nnodes} nodes need rdzv_endpoint HOST:PORT (the c10d rendezvous)"
+    elastic = options.min_nodes is not None and case.restart.world_size % per_node == 0 and (
+        options.min_nodes <= case.restart.world_size // per_node <= options.nnodes)
+    if case.topology_changes and not elastic:
+        return (f"{where}: restart.world_size is {case.restart.world_size}, the first run's "
+                f"{case.workload.world_size}; torchrun's agent restarts a group at the size it had "
+                f"(allowed: restart.world_size {case.workload.world_size}, or with --nnodes MIN:MAX a multiple "
+                f"of {per_node} ranks per node between MIN and MAX nodes; or run this case with the local harness)")
+    if case.restart.rank_map != tuple(range(case.restart.world_size)):
+        return (f"{where}: restart.rank_map is {list(case.restart.rank_map)}; torchrun assigns ranks itself "
+                f"(allowed: identity)")
+    if case.restart.python or case.restart.packages:
+        return (f"{where}: the restart runs under another interpreter or packages; torchrun restarts "
+                f"with the one it was started with (allowed: neither restart.python nor restart.packages)")
+    fault = registry.resolve("fault", case.fault.kind)
+    if getattr(fault, "acts_in_its_node", False) and options.nnodes == 1:
+        return (f"{where}: fault {case.fault.kind} ends a whole node; under torchrun that needs several nodes "
+                f"(allowed: nnodes >= 2, each node a network namespace: resilience.launch.nodes)")
+    if fault.supervises and not getattr(fault, "acts_in_its_node", False):
+        return (f"{where}: fault {case.fault.kind} is driven from outside the ranks while they run "
+                f"(signals, network rules); under torchrun faults act only from inside the ranks")
+    if fault.heal is not Fault.heal:
+        return (f"{where}: fault {case.fault.kind} is repaired between the first run and the restart "
+                f"(heal), a moment torchrun's agent does not offer")
+    return None

@@ -100,3 +100,21 @@ def where_waiting(record: RankRecord, stopped: bool) -> str:
 def stderr_tails(phase: PhaseResult) -> str:
     """Every rank's stderr tail, for an error message about the phase."""
     return "\n".join(f"--- rank {r.rank} stderr ---\n{r.stderr_tail}" for r in phase.ranks if r.stderr_tail.strip())
+
+
+_RAISED = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Timeout)): ?(?P<message>.*)$")
+
+
+def launcher_error(log_text: str, phase: str) -> RankError | None:
+    """The exception a launcher (torchrun's agent) ended with, from its output, as the evidence of
+    a phase no rank started (its last ``Type: message`` line); None when it raised none."""
+    lines = [match for line in log_text.splitlines() if (match := _RAISED.match(line.strip()))]
+    if not lines:
+        return None
+    last = lines[-1]
+    return RankError(rank=-1, phase=phase, type=last["type"].rsplit(".", 1)[-1], message=last["message"],
+                     traceback=tail_text(log_text), time=time.time())
+
+
+def tail_text(text: str, lines: int = 40) -> str:
+    return "\n".join(text.splitlines()[-lines:])

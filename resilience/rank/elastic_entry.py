@@ -109,10 +109,14 @@ def _rank(layout: TorchrunLayout, incarnation: Incarnation, rank: int) -> int:
 
 
 def _check_node(plans: list[PhasePlan], rank: int) -> None:
-    """With node-local storage, the node the rendezvous put this rank on must be the one the
-    case's topology names (c10d orders nodes by address): else it would read another node's disk."""
-    node = os.environ.get(NODE_ENV)
+    """The group torchrun formed must be the one the plans describe: its size (an elastic restart
+    at another size than the case's restart), and with node-local storage this rank's node (c10d
+    orders nodes by address), else it would read another node's disk."""
+    node, size = os.environ.get(NODE_ENV), int(os.environ["WORLD_SIZE"])
     for plan in plans:
+        if plan.world_size != size:
+            raise RuntimeError(f"torchrun formed a group of {size} ranks, but the {plan.name} phase is planned "
+                               f"for {plan.world_size} (the case's restart.world_size under --nnodes MIN:MAX)")
         topology = plan.placement()
         if node is not None and topology.storage == "node_local" and topology.node_of(rank) != int(node):
             raise RuntimeError(f"rank {rank} runs on node {node}, but the {plan.name} topology places it on node "

@@ -54,7 +54,7 @@ class NodeRun:
     def verdict_line(self) -> str | None:
         """The line the driver printed for the case (``PASSED RECOVERED expected ...``)."""
         return next((line for line in self.output.splitlines()
-                     if line.split(" ", 1)[0] in ("PASSED", "FAILED", "XFAIL", "XPASS", "ERROR")), None)
+                     if line.split(" ", 1)[0] in ("PASSED", "FAILED", "XFAILED", "XPASSED", "ERROR", "SKIPPED")), None)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ The driver writes the case and its phase plans into a case directory, launches
 does), enforces the phase deadline, and judges the files the ranks wrote with the oracle the local
 harness uses (`verify.judge`), so the result is the same `CaseResult`.
 
-Restarts: a rank that dies or raises makes the agent restart the whole group
-(TORCHELASTIC_RESTART_COUNT 1), which restores and trains to the end. A first run that ends
+Restarts: a rank that dies or raises makes the agent restart the whole group (on several nodes
+every agent, and a spare node's joins), which restores and trains to the end; with ``min_nodes``
+the survivors may go on at a smaller size, judged against the oracle's continuation there. A first run that ends
 without a failure (no fault), or a job whose restarts ran out, is resumed by a second launch of the
 same command, as an operator or a scheduler would. Only the first restore is judged.
 
@@ -28,55 +29,19 @@ from ..core import janitor, registry
 from ..launch.backend import rank_environment
 from ..core.elastic_layout import LAUNCH_ENV, Incarnation, TorchrunLayout
 from ..errors import HarnessError, ResilienceError, StrategyUnavailable, TorchrunIncompatible
-from ..faults.base import CaseEnvironment, Fault
+from ..faults.base import CaseEnvironment
 from ..core.records import CaseResult, PhaseResult
 from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
 from ..core.case import Case
 from ..core.events import read_events, tail
-from ..oracle.evidence import collect_phase, stderr_tails, where_waiting
+from ..oracle.evidence import collect_phase, launcher_error, stderr_tails, where_waiting
 from ..oracle.judge import judge
-from .local_probe import probe_in_local_ranks
-from ..launch.torchrun_command import STARTUP_S, TorchrunOptions, torchrun_command
+from .local_probe import continue_in_local_ranks, probe_in_local_ranks
+from ..launch.torchrun_command import STARTUP_S, TorchrunOptions, incompatibility, torchrun_command
 from .supervisor import AgentLaunch, supervise
 
 __all__ = ["STARTUP_S", "TorchrunOptions", "incompatibility", "run_case_under_torchrun", "torchrun_command"]
 
-
-
-def incompatibility(case: Case, options: TorchrunOptions = TorchrunOptions()) -> str | None:
-    """Why the case cannot run as one torchrun job, or None. The agent restarts a group at the size
-    and rank layout it had, with the interpreter it was started with, and nothing outside the
-    ranks acts on them while they run."""
-    where = f"{case.source}[{case.id}]"
-    if options.nnodes < 1 or options.max_restarts < 0:
-        return f"{where}: nnodes must be >= 1 and max_restarts >= 0; got {options.nnodes}, {options.max_restarts}"
-    per_node = options.ranks_per_node(case)
-    if per_node < 1 or options.nnodes * per_node != case.workload.world_size:
-        return (f"{where}: workload.world_size is {case.workload.world_size}, but nnodes {options.nnodes} x "
-                f"nproc_per_node {per_node} = {options.nnodes * per_node}; allowed: a product equal to it")
-    if options.nnodes > 1 and not options.rdzv_endpoint:
-        return f"{where}: {options.nnodes} nodes need rdzv_endpoint HOST:PORT (the c10d rendezvous)"
-    if case.topology_changes:
-        return (f"{where}: restart.world_size is {case.restart.world_size}, the first run's "
-                f"{case.workload.world_size}; torchrun's agent restarts a group at the size it had "
-                f"(allowed: restart.world_size {case.workload.world_size}; run this case with the local harness)")
-    if case.restart.rank_map != tuple(range(case.restart.world_size)):
-        return (f"{where}: restart.rank_map is {list(case.restart.rank_map)}; torchrun assigns ranks itself "
-                f"(allowed: identity)")
-    if case.restart.python or case.restart.packages:
-        return (f"{where}: the restart runs under another interpreter or packages; torchrun restarts "
-                f"with the one it was started with (allowed: neither restart.python nor restart.packages)")
-    fault = registry.resolve("fault", case.fault.kind)
-    if getattr(fault, "acts_in_its_node", False) and options.nnodes == 1:
-        return (f"{where}: fault {case.fault.kind} ends a whole node; under torchrun that needs several nodes "
-                f"(allowed: nnodes >= 2, each node a network namespace: resilience.launch.nodes)")
-    if fault.supervises and not getattr(fault, "acts_in_its_node", False):
-        return (f"{where}: fault {case.fault.kind} is driven from outside the ranks while they run "
-                f"(signals, network rules); under torchrun faults act only from inside the ranks")
-    if fault.heal is not Fault.heal:
-        return (f"{where}: fault {case.fault.kind} is repaired between the first run and the restart "
-                f"(heal), a moment torchrun's agent does not offer")
-    return None
 
 
 def run_case_under_torchrun(case: Case, nnodes: int = 1, nproc_per_node: int | None = None,
@@ -117,6 +82,7 @@ class _Hang:
 class _Driver:
     def __init__(self, case: Case, layout: TorchrunLayout, options: TorchrunOptions):
         self.case, self.layout, self.options = case, layout, options
+        self._launches: list[int] = []
 
     def run(self) -> CaseResult:
         self._prepare()
@@ -126,6 +92,7 @@ class _Driver:
         try:
             fault.setup(env)
             for launch in (0, 1):
+                self._launches.append(launch)
                 hang = self._launch(launch)
                 if hang or not self._needs_resume():
                     break
@@ -133,13 +100,27 @@ class _Driver:
             intact, probes = (probe_in_local_ranks(self.case, self.layout.case_file, self.layout.checkpoint_dir,
                                                    self.layout.case_dir, phases)
                               if self.options.nnodes == 1 else (None, ()))  # one node sees every file
-            found = fault.findings(env, tuple(phases))
+            continuation = self._continuation(phases[2])
+            found = fault.findings(env, tuple(phases + continuation))
         finally:
             fault.teardown(env)
-        return CaseResult(case=self.case, verdict=judge(self.case, *phases[:3], fault_findings=found,
-                                                        intact_step=intact),
-                          phases=tuple(phases) + probes, work_dir=self.layout.case_dir)
+        verdict = judge(self.case, *phases[:3], *continuation, fault_findings=found, intact_step=intact)
+        return CaseResult(case=self.case, verdict=verdict, phases=tuple(phases + continuation) + probes,
+                          work_dir=self.layout.case_dir)
 
+    def _snapshots(self) -> Path:
+        return self.layout.case_dir / "snapshots"
+
+    def _continuation(self, restart: PhaseResult) -> list[PhaseResult]:
+        """The oracle's continuation on the restart's topology (an elastic restart at another size)."""
+        restored = restart.restored()
+        if not self.case.topology_changes or 0 not in restored:
+            return []
+        step = restored[0]["step"]
+        if not (self._snapshots() / f"step_{step}").is_dir():
+            return []
+        return [continue_in_local_ranks(self.case, self.layout.case_file, self.layout.checkpoint_dir,
+                                        self.layout.case_dir, self._snapshots(), step)]
 
     # -- before the launch ------------------------------------------------------------------------
     def _prepare(self) -> None:
@@ -153,17 +134,19 @@ class _Driver:
         for directory in (layout.checkpoint_dir, layout.temp_dir, layout.template(REFERENCE).parent):
             directory.mkdir(parents=True, exist_ok=True)
         case.write(layout.case_file)
-        size = case.workload.world_size
-        common = dict(case_file=str(layout.case_file), world_size=size, store_path="", phase_dir="",
-                      checkpoint_dir=str(layout.checkpoint_dir), snapshot_dir=None, snapshot_step=None,
-                      rank_map=tuple(range(size)), collective_timeout_s=case.timeouts.collective_s)
-        first, restart = case.placement.as_dict(), case.restart.placement.as_dict()  # node-local storage follows it
+        size, later = case.workload.world_size, case.restart.world_size
+        common = dict(case_file=str(layout.case_file), store_path="", phase_dir="", snapshot_step=None,
+                      checkpoint_dir=str(layout.checkpoint_dir), collective_timeout_s=case.timeouts.collective_s)
+        first = dict(world_size=size, rank_map=tuple(range(size)), topology=case.placement.as_dict(), **common)
+        # node-local storage follows the topology; an elastic restart at another size is continued by the oracle
+        snapshots = str(self._snapshots()) if case.topology_changes else None
         for plan in (PhasePlan(name=REFERENCE, start="fresh", save=False, inject=False, record_states=True,
-                               topology=first, **common),
+                               snapshot_dir=snapshots, **first),
                      PhasePlan(name=FIRST_RUN, start="fresh", save=True, inject=True, record_states=False,
-                               topology=first, **common),
+                               snapshot_dir=None, **first),
                      PhasePlan(name=RESTART, start="strategy", save=True, inject=False, record_states=False,
-                               topology=restart, **common)):
+                               snapshot_dir=None, world_size=later, rank_map=tuple(range(later)),
+                               topology=case.restart.placement.as_dict(), **common)):
             plan.write(layout.template(plan.name))
 
     def _environment(self, launch: int) -> dict[str, str]:
@@ -233,9 +216,11 @@ class _Driver:
         later = [i for i in self.layout.incarnations() if not i.is_first]
         if later:
             phases += [self._phase(i, RESTART, hang) for i in later]
-        else:  # the first run hung: nothing restarted
+        else:  # the first run hung, or torchrun gave up (its store's host lost): nothing restarted
+            log = self.layout.torchrun_log(max(self._launches, default=0), self.options.local_addr)
             phases.append(PhaseResult(name=RESTART, world_size=self.case.restart.world_size, status="not_started",
-                                      ranks=(), first_error=None, fault_events=(), elapsed_s=0.0))
+                                      ranks=(), fault_events=(), elapsed_s=0.0, first_error=None if hang else
+                                      launcher_error(log.read_text(errors="replace") if log.exists() else "", RESTART)))
         return phases
 
     def _phase(self, incarnation: Incarnation, name: str, hang: _Hang | None) -> PhaseResult:
