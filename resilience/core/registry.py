@@ -24,7 +24,6 @@ STRATEGIES = {
 FAULTS = {
     "none": "resilience.faults.noop:NoFault",
     "kill": "resilience.faults.kill:Kill",
-    "node_loss": "resilience.faults.node_loss:NodeLoss",
     "disk_full": "resilience.faults.disk_full:DiskFull",
     "stall": "resilience.faults.stall:Stall",
     "partition": "resilience.faults.network:Partition",
@@ -49,6 +48,7 @@ FAULTS = {
     "collective_failure": "resilience.faults.collective:CollectiveFailure",
     "overlapping_async": "resilience.faults.overlapping:OverlappingAsync",
     "s3": "resilience.faults.s3:ObjectStoreFault",
+    "node_loss": "resilience.faults.node_loss:NodeLoss",
 }
 WORKLOADS = {
     "mlp": "resilience.workloads.mlp:MLPWorkload",
