@@ -97,11 +97,12 @@ def test_the_docs_slurm_recipe_runs_through_sbatch_on_two_namespaced_nodes(clust
 
 
 NODE_LOSS = """name: node 1 lost at step 6
-description: one rank per node; the node of rank 1 is lost as it begins step 6 (after the step-4 save)
+description: one rank per node; the node of rank 1 is lost whole as it begins step 6 (after the step-4 save)
 strategy: torch.rank0
 workload: {model: mlp, world_size: 2, steps: 12, checkpoint_every: 4, seed: 0}
-fault: {kind: kill, rank: 1, step: 6, phase: train, point: start}
-restart: {world_size: 2}
+topology: {nodes: 2}
+fault: {kind: node_loss, rank: 1, step: 6, phase: train}
+restart: {topology: {nodes: 2, node_ids: [0, 2]}}
 expect: recovers
 """
 
@@ -126,16 +127,20 @@ def test_a_node_lost_under_slurm_is_requeued_on_a_spare_node_and_gives_the_local
     job_id, cases = submit(cluster, tmp_path, recipe)
     case_dir = cases / f"case-{job_id}"
     await_fault(case_dir, 1, JOB_TIMEOUT_S)
-    lost = cluster.kill_node(cluster.node("node1"))  # the machine is gone: slurmd, slurmstepd, agent, rank
-    assert len(lost) >= 3, lost
-    # as a health check does (SLURM's own ping found the silent slurmd ~26 s later here)
+    # the fault ended its node from inside: slurmd, slurmstepd, the driver, the agent and the rank
+    node1 = cluster.node("node1")
+    deadline = time.monotonic() + 30
+    while cluster.node_processes(node1) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cluster.node_processes(node1) == [], "node_loss left processes on node1"
+    # marked down as a health check does (SLURM's own ping found the silent slurmd ~26 s later here)
     cluster.scontrol("update", "nodename=node1", "state=down", "reason=node lost")
     requeued = cluster.wait(job_id, 30, until=lambda job: job.restarts == 1)
     job = cluster.wait(job_id, JOB_TIMEOUT_S)
     output = (cases / f"slurm-{job_id}.out").read_text()
     assert job.state == "COMPLETED" and job.nodes == "node[0,2]", (job, output)
     verdicts = re.findall(r"^(\S+ \S+ expected RECOVERED \S+node_loss.scenario.yaml.*)$", output, re.M)
-    # the same case under the local harness: rank 1 SIGKILLed as it begins step 6
+    # the same case under the local harness: node 1's ranks SIGKILLed as rank 1 begins step 6
     local = Harness(work_root=tmp_path / "local").run(load_file(scenario).cases[0])
     assert local.verdict.kind is VerdictKind.RECOVERED and local.verdict.restored_step == 4
     assert len(verdicts) == 2 and all(v.startswith("PASSED RECOVERED") and "(restored step 4, " in v

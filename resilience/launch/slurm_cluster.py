@@ -18,10 +18,10 @@ machines, and nothing in them is changed. The controller and munged live in one 
 Nothing stays behind: every daemon leads a process group registered with the janitor, every
 namespace is registered (the janitor kills what runs in it before deleting it), and `stop` SIGKILLs
 every process in every namespace of the cluster (slurmstepd and a job's tasks leave the daemons'
-process groups), then deletes the namespaces (`Nodes.destroy`). Each daemon is also the first process of a PID
-namespace of its own (``unshare --fork --pid``): when it dies the kernel kills and reaps whatever it
-left there (slurmctld's slurmscriptd, a step's orphans), where this machine's init would leave
-zombies. The spool, state, logs and sockets are under ROOT.
+process groups), then deletes the namespaces (`Nodes.destroy`). The spool, state, logs and sockets
+are under ROOT. The pid space stays the machine's: a node_loss fault in a rank finds every process of
+its node (slurmd and slurmstepd included) by network namespace, as ``RESILIENCE_NODE_NAMESPACE`` names
+it; a TaskProlog puts that and ``RESILIENCE_NODE`` into every task's environment.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import janitor
+from ..core.elastic_layout import NODE_ENV, NODE_NAMESPACE_ENV
 from ..errors import SlurmError
 from ..faults.netns import NETNS_DIR
 from .nodes import Nodes
@@ -51,7 +52,7 @@ FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
 # In the node's private mount and UTS namespace: the cluster's hosts file over /etc/hosts, the node's
 # host name, then the daemon ($1 hosts file, $2 host name, the rest its argv).
 _ENTER = 'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"'
-_NODE_NAMESPACES = ["unshare", "--fork", "--pid", "--mount-proc", "--kill-child", "--mount", "--uts", "--propagation", "private"]
+_NODE_NAMESPACES = ["unshare", "--mount", "--uts", "--propagation", "private"]
 
 
 def slurm_missing() -> str | None:
@@ -110,6 +111,12 @@ class LocalCluster:
         self.conf.write_text(self.slurm_conf())
         (self.root / "hosts").write_text("127.0.0.1 localhost\n" + "".join(
             f"{address} {name}\n" for name, address in self._hosts()))
+        for node in self.nodes:  # what the TaskProlog prints for a task on that node
+            (self.root / f"task-env.{node.name}").write_text(
+                f"export {NODE_ENV}={node.index}\nexport {NODE_NAMESPACE_ENV}={node.namespace}\n")
+        prolog = self.root / "task-prolog"
+        prolog.write_text(f'#!/bin/sh\nexec cat "{self.root}/task-env.$SLURMD_NODENAME"\n')
+        prolog.chmod(0o755)
         try:
             self.machines.create()
             self._start_daemon("munged", self.controller, [
@@ -215,7 +222,7 @@ class LocalCluster:
             "ClusterName=resilience",
             f"SlurmctldHost={CONTROLLER}({self.controller.address})",
             f"SlurmctldPort={CONTROLLER_PORT}",
-            "SlurmUser=root", "SlurmdUser=root",
+            "SlurmUser=root", "SlurmdUser=root", f"TaskProlog={root / 'task-prolog'}",
             "AuthType=auth/munge", "CredType=cred/munge",
             # cred_expire: a requeued job waits this long before it may start again (default 120 s)
             f"AuthInfo=socket={self.socket},cred_expire={CRED_EXPIRE_S}",
