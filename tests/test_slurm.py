@@ -123,7 +123,9 @@ def await_fault(case_dir: Path, rank: int, timeout_s: float) -> dict:
 def test_a_node_lost_under_slurm_is_requeued_on_a_spare_node_and_gives_the_local_harness_verdict(cluster, tmp_path):
     scenario = tmp_path / "node_loss.scenario.yaml"
     scenario.write_text(NODE_LOSS)
-    recipe = docs_recipe().replace("scenarios/no_fault.scenario.yaml --case strategy=torch.rank0", str(scenario))
+    documented = "scenarios/no_fault.scenario.yaml --case strategy=torch.rank0"
+    assert documented in docs_recipe()
+    recipe = docs_recipe().replace(documented, str(scenario))  # the docs' recipe, another case
     job_id, cases = submit(cluster, tmp_path, recipe)
     case_dir = cases / f"case-{job_id}"
     await_fault(case_dir, 1, JOB_TIMEOUT_S)
@@ -138,13 +140,14 @@ def test_a_node_lost_under_slurm_is_requeued_on_a_spare_node_and_gives_the_local
     requeued = cluster.wait(job_id, 30, until=lambda job: job.restarts == 1)
     job = cluster.wait(job_id, JOB_TIMEOUT_S)
     output = (cases / f"slurm-{job_id}.out").read_text()
-    assert job.state == "COMPLETED" and job.nodes == "node[0,2]", (job, output)
-    verdicts = re.findall(r"^(\S+ \S+ expected RECOVERED \S+node_loss.scenario.yaml.*)$", output, re.M)
+    assert job.state == "COMPLETED" and job.restarts == 1 and job.nodes == "node[0,2]", (job, output)
+    verdicts = re.findall(r"^\S+ (\S+) expected RECOVERED \S+node_loss.scenario.yaml\S* \(restored step (\d+),",
+                          output, re.M)
+    assert len(verdicts) == 2 and verdicts[0] == verdicts[1], (output, requeued)  # node0's and node2's driver
     # the same case under the local harness: node 1's ranks SIGKILLed as rank 1 begins step 6
     local = Harness(work_root=tmp_path / "local").run(load_file(scenario).cases[0])
-    assert local.verdict.kind is VerdictKind.RECOVERED and local.verdict.restored_step == 4
-    assert len(verdicts) == 2 and all(v.startswith("PASSED RECOVERED") and "(restored step 4, " in v
-                                      for v in verdicts), (output, requeued)
+    assert local.verdict.kind is VerdictKind.RECOVERED and local.verdict.restored_step == 4, local.verdict.findings
+    assert verdicts[0] == (local.verdict.kind.name, str(local.verdict.restored_step)), (verdicts, output)
 
 
 def test_the_cluster_configuration_names_each_node_with_its_own_port_and_paths(tmp_path):
