@@ -56,6 +56,10 @@ class NetworkError(HarnessError):
     """A network command failed while the case was running: the harness could not inject the fault."""
 
 
+class SlurmError(HarnessError):
+    """The one-machine SLURM cluster could not start, or a command to it failed (names the command and its words)."""
+
+
 class TorchrunIncompatible(ResilienceError):
     """The case cannot be expressed as one torchrun job (it names why)."""
 

@@ -124,7 +124,9 @@ class WarmRanks(RankGroup):
 class AgentLaunch(RankGroup):
     """One launcher process (torchrun) and the ranks it starts, which announce themselves in
     their event files (the first event carries the pid). A rank counts as ours only while its
-    command line names ``marker`` (pids are reused)."""
+    command line names ``marker`` (pids are reused) and it descends from our torchrun: on several
+    nodes the shared case directory holds every node's event files, and another node's pids name
+    other processes here (in a SLURM step with PID namespaces, this node's own driver)."""
 
     poll_s = 0.2
     fails_fast = False
@@ -149,12 +151,13 @@ class AgentLaunch(RankGroup):
         return live
 
     def destroy(self) -> None:
+        ranks = self.live_ranks()  # while the agent lives: ours are its descendants
         kill_group(self.launcher.pid)
         try:
             self.launcher.wait(timeout=30)
         except subprocess.TimeoutExpired:  # uninterruptible IO: the kernel reaps it later
             pass
-        for pid in self.live_ranks().values():  # they die with the agent too; this makes sure
+        for pid in ranks.values():  # they die with the agent too; this makes sure
             try:
                 kill_group(os.getpgid(pid))
             except ProcessLookupError:
@@ -163,12 +166,28 @@ class AgentLaunch(RankGroup):
 
     def _is_ours(self, pid: int) -> bool:
         """Named by the marker and on this node: other nodes' ranks (nodes on one machine are
-        network namespaces, `resilience.launch.nodes`) are their own launchers' to end."""
+        network namespaces, `resilience.launch.nodes`) are their own launchers' to end; and below
+        our torchrun: on separate machines another node's pid can name any process here, this
+        driver included."""
         try:
-            return (self.marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-                    and os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino)
+            named = (self.marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                     and os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino)
         except OSError:
             return False
+        return named and descends_from(pid, self.launcher.pid)
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Whether process ``pid`` is ``ancestor`` or below it in the process tree (read from /proc)."""
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat.rpartition(")")[2].split()[1])  # the field after the state: the parent's pid
+    return False
 
 
 def deadline_after(seconds: float) -> Callable[[], bool]:
