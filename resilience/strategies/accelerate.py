@@ -95,7 +95,8 @@ class AccelerateCheckpoint(CheckpointStrategy):
         inputs, targets = inner.training_examples()
         epoch_steps = int(self.context.options.get("epoch_steps", 0) or len(inputs) // spec.global_batch)
         examples = min(len(inputs), epoch_steps * spec.global_batch)
-        dataset = torch.utils.data.TensorDataset(inputs[:examples], targets[:examples])
+        # each item carries its index: the data audit reads which samples a batch held from the batch
+        dataset = torch.utils.data.TensorDataset(torch.arange(examples), inputs[:examples], targets[:examples])
         loader = torch.utils.data.DataLoader(dataset, batch_size=spec.global_batch // self.context.world_size,
                                              shuffle=True, drop_last=True)
         model, optimizer, loader, scheduler = accelerator.prepare(inner.model, inner.optimizer, loader, inner.scheduler)
@@ -109,8 +110,9 @@ class AccelerateCheckpoint(CheckpointStrategy):
             loader.set_epoch(position.epoch)
             skip = position.batch and self.context.options.get("dataloader", "skip") == "skip"
             batches = accelerator.skip_first_batches(loader, position.batch) if skip else loader
-            for batch_inputs, batch_targets in batches:
+            for batch_samples, batch_inputs, batch_targets in batches:
                 step = position.step + 1
+                inner.last_samples = batch_samples.tolist()
                 observer.before_step(step)
                 loss = inner.local_loss(model(batch_inputs), batch_targets)
                 accelerator.backward(loss)
