@@ -178,9 +178,15 @@ class NamespaceHooks:
         self._saved: list[tuple[Any, str, Any]] = []
 
     def relative(self, path: Any, dir_fd: int | None = None) -> str | None:
-        if dir_fd is not None or not isinstance(path, (str, bytes, os.PathLike)):
-            return None  # relative to a directory descriptor: not a path we can place
-        absolute = os.path.abspath(os.fsdecode(path))
+        if not isinstance(path, (str, bytes, os.PathLike)):
+            return None
+        path = os.fsdecode(path)
+        if dir_fd is not None:  # relative to a directory descriptor (shutil.rmtree's): placed through /proc
+            try:
+                path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
+            except OSError:
+                return None
+        absolute = os.path.abspath(path)
         inside = _inside(absolute, self.root)
         if inside is None and self.staging is not None:
             staged = _inside(absolute, self.staging)
