@@ -53,7 +53,8 @@ class PowerLoss(Fault):
         # shutil.copyfile moves bytes with os.sendfile on Linux, past any file object: make it write
         shutil._USE_CP_SENDFILE = False
         # files staged in $TMPDIR are traced too: what moves them into place needs their bytes
-        self.hooks = NamespaceHooks(env.checkpoint_dir, self._namespace_op, staging=Path(os.environ["TMPDIR"]))
+        staging = os.environ.get("TMPDIR")  # every harness rank has its own; a bare test may have none
+        self.hooks = NamespaceHooks(env.checkpoint_dir, self._namespace_op, staging=Path(staging) if staging else None)
         self.hooks.install()
 
     def _recording(self) -> bool:
