@@ -78,3 +78,21 @@ def test_the_mlp_workload_reports_the_rows_it_gathered():
     assert len(samples) == workload.local_batch
     assert torch.allclose(inputs, workload.inputs[samples], atol=workload.noise_scale * 6)
     assert data_audit.spans([0, 1, 2, 5, 7, 8]) == "0..2, 5, 7..8"
+
+
+def test_a_built_in_strategy_that_forgets_the_data_position_is_named_by_the_audit(tmp_path):
+    """The planted per-rank save that restores everything but the sampler: restored at step 4 of a
+    32-step epoch, the restart replays the epoch's first 4 global batches (positions 0..63) and
+    never reaches the next 4 (64..127)."""
+    from resilience.core.case import VerdictKind
+
+    from .harness_helpers import run_case
+
+    result = run_case(tmp_path, strategy="resilience.planted.state_bugs:ForgetsDataPosition",
+                      fault={"kind": "kill", "rank": 1, "step": 6, "phase": "train"})
+    assert result.verdict.kind == VerdictKind.SILENT
+    assert result.verdict.restored_step == 4
+    data = [line for line in result.verdict.findings if line.startswith("data:")]
+    assert data[0].startswith("data: after the restore at step 4, 64 samples at positions 0..63 of epoch 0 "
+                              "were trained twice"), data
+    assert "64 samples at positions 64..127 of epoch 0 were never trained" in data[1], data
