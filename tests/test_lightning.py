@@ -29,6 +29,23 @@ def test_a_users_lightning_module_is_qualified_without_changing_it(tmp_path, mod
     assert result.verdict.restored_step == 4
 
 
+needs_accelerate = pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
+                                      reason="accelerate is not installed: pip install -e '.[accelerate]'")
+
+
+@needs_accelerate
+@pytest.mark.parametrize("prepare_scheduler, verdict", [(True, VerdictKind.RECOVERED), (False, VerdictKind.SILENT)])
+def test_a_users_accelerate_function_is_qualified_without_changing_it(tmp_path, prepare_scheduler, verdict):
+    """The function that prepares its scheduler recovers bitwise from step 4; its twin, whose
+    scheduler save_state never stores, restores the same state digests and trains on with the
+    schedule from its start: SILENT."""
+    options = {"function": "tests.accelerate_user_functions:train",
+               "arguments": {"steps": 8, "save_every": 4, "prepare_scheduler": prepare_scheduler}}
+    result = run_case(tmp_path, strategy={"name": "accelerate", "options": options}, fault=KILL)
+    assert result.verdict.kind == verdict, result.verdict
+    assert result.verdict.restored_step == 4
+
+
 @pytest.mark.parametrize("name, extra", [("lightning", "lightning"), ("accelerate", "accelerate")])
 def test_without_the_library_a_case_names_the_install_command(monkeypatch, name, extra):
     """The strategy's requirement is checked in the harness before any rank starts; the pytest

@@ -24,6 +24,7 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
+from .interception import STAGING_PREFIX
 from .io_trace import TraceOp, payload_path, read_payload, read_trace
 from .replay_fs import ReplayFilesystem
 
@@ -140,6 +141,8 @@ class CrashModel:
         losses = {loss.path: loss for loss in point.losses}
         files = {}
         for path, inode in fs.durable_names.items():
+            if path.startswith(STAGING_PREFIX):  # left in $TMPDIR: not part of the checkpoint directory
+                continue
             node = fs.inodes[inode]
             loss = losses.get(volatile_path.get(inode, path))
             if not node.pending or loss is None or loss.how == "keep":

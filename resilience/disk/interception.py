@@ -2,7 +2,8 @@
 `InterceptedFile`, which lets fault listeners act at exact byte offsets with real effects on disk.
 
 Installed in a rank process before any checkpoint code runs. It reaches ``open``/``io.open``,
-``torch.save`` given a path (torch would otherwise write from C++, unseen), and ``os.fsync``.
+``torch.save`` given a path (torch would otherwise write from C++, unseen), safetensors'
+``save_file`` (Rust, unseen otherwise: Accelerate's ``model.safetensors``), and ``os.fsync``.
 A file is wrapped only while some listener wants it; the cost then is one Python call per
 ``write``, and otherwise nothing: the strategy's own IO path stays what it is in production.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import builtins
 import io
 import os
+import sys
 import weakref
 from pathlib import Path
 from typing import Any, Protocol, Sequence
@@ -180,11 +182,39 @@ class Interceptor:
                 file.fsync()
             return real_fsync(fd)
 
-        for owner, name, new in ((builtins, "open", intercepted_open), (io, "open", intercepted_open),
-                                 (torch, "save", intercepted_save), (torch.serialization, "save", intercepted_save),
-                                 (os, "fsync", intercepted_fsync)):
+        replacements = [(builtins, "open", intercepted_open), (io, "open", intercepted_open),
+                        (torch, "save", intercepted_save), (torch.serialization, "save", intercepted_save),
+                        (os, "fsync", intercepted_fsync)]
+        replacements += self._safetensors_replacements(real_open)
+        for owner, name, new in replacements:
             self._saved.append((owner, name, getattr(owner, name)))
             setattr(owner, name, new)
+
+    def _safetensors_replacements(self, real_open: Any) -> list[tuple[Any, str, Any]]:
+        """``safetensors.torch.save_file`` writes from Rust, unseen: a file a listener wants is
+        serialised with ``safetensors.torch.save`` (the same bytes) and written through an
+        `InterceptedFile`. Accelerate binds ``save_file`` at its import: that name is replaced too."""
+        try:
+            import safetensors.torch as safetensors_torch
+        except ImportError:
+            return []
+        real_save_file = safetensors_torch.save_file
+
+        def intercepted_save_file(tensors, filename, metadata=None):
+            relative, listeners = self.interested(filename)
+            if not listeners:
+                return real_save_file(tensors, filename, metadata=metadata)
+            data = safetensors_torch.save(tensors, metadata=metadata)
+            with InterceptedFile(real_open(filename, "wb"), Path(os.fsdecode(filename)), relative, listeners,
+                                 self.open_files) as handle:
+                handle.write(data)
+            return None
+
+        replacements = [(safetensors_torch, "save_file", intercepted_save_file)]
+        bound = sys.modules.get("accelerate.utils.other")
+        if bound is not None and getattr(bound, "safe_save_file", None) is real_save_file:
+            replacements.append((bound, "safe_save_file", intercepted_save_file))
+        return replacements
 
     def uninstall(self) -> None:
         while self._saved:

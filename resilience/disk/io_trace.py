@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .interception import STAGING_PREFIX
+
 OP_KINDS = ("open", "write", "fsync", "close", "rename", "unlink", "mkdir", "rmdir", "dir_fsync", "returned")
 
 
@@ -130,6 +132,13 @@ class TraceWriter:
         self._ops.close()
 
 
+def _inside(absolute: str, root: Path) -> str | None:
+    relative = os.path.relpath(absolute, root)
+    if relative == "." or relative == os.pardir or relative.startswith(os.pardir + os.sep):
+        return None
+    return relative.replace(os.sep, "/")
+
+
 def read_trace(directory: Path, rank: int) -> tuple[list[TraceOp], Path]:
     """The ops of ``rank`` in its own order, and its data file. Ops of writer processes it forked
     are merged in by time and every op renumbered (``seq``: its place in the rank's order)."""
@@ -154,25 +163,35 @@ def read_payload(data_path: Path, op: TraceOp) -> bytes:
 
 
 class NamespaceHooks:
-    """Reports namespace operations and fsyncs on paths under ``root`` to ``report(kind, **fields)``.
+    """Reports namespace operations and fsyncs on paths under ``root`` to ``report(kind, **fields)``;
+    with ``staging`` (the rank's ``$TMPDIR``), also those on paths under it, named ``$TMPDIR/<name>``
+    as the interception names them (Lightning's atomic save moves its staged file into place).
 
     Installed in a rank process after the interception layer (so it wraps its ``os.fsync``);
     ``uninstall`` restores what it replaced, in reverse order. ``report`` is called after the real
     call succeeded: an operation that failed did not happen."""
 
-    def __init__(self, root: Path, report: Callable[..., None]):
+    def __init__(self, root: Path, report: Callable[..., None], staging: Path | None = None):
         self.root = Path(os.path.abspath(root))
+        self.staging = Path(os.path.abspath(staging)) if staging is not None else None
         self.report = report
         self._saved: list[tuple[Any, str, Any]] = []
 
     def relative(self, path: Any, dir_fd: int | None = None) -> str | None:
-        if dir_fd is not None or not isinstance(path, (str, bytes, os.PathLike)):
-            return None  # relative to a directory descriptor: not a path we can place
-        absolute = os.path.abspath(os.fsdecode(path))
-        relative = os.path.relpath(absolute, self.root)
-        if relative == "." or relative == os.pardir or relative.startswith(os.pardir + os.sep):
+        if not isinstance(path, (str, bytes, os.PathLike)):
             return None
-        return relative.replace(os.sep, "/")
+        path = os.fsdecode(path)
+        if dir_fd is not None:  # relative to a directory descriptor (shutil.rmtree's): placed through /proc
+            try:
+                path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
+            except OSError:
+                return None
+        absolute = os.path.abspath(path)
+        inside = _inside(absolute, self.root)
+        if inside is None and self.staging is not None:
+            staged = _inside(absolute, self.staging)
+            return None if staged is None else STAGING_PREFIX + staged
+        return inside
 
     def fd_relative(self, fd: int) -> tuple[str | None, bool]:
         """The path under the root that ``fd`` refers to (None if elsewhere), and whether it is a directory."""

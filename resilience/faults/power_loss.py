@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..disk.interception import STAGING_PREFIX, InterceptedFile
+from ..disk.interception import InterceptedFile
 from ..disk.io_trace import NamespaceHooks, TraceWriter
 from .base import Fault, RankEnvironment
 
@@ -52,7 +52,9 @@ class PowerLoss(Fault):
         self.writer.follow_forks()  # megatron-core's writer workers are forked and inherit these hooks
         # shutil.copyfile moves bytes with os.sendfile on Linux, past any file object: make it write
         shutil._USE_CP_SENDFILE = False
-        self.hooks = NamespaceHooks(env.checkpoint_dir, self._namespace_op)
+        # files staged in $TMPDIR are traced too: what moves them into place needs their bytes
+        staging = os.environ.get("TMPDIR")  # every harness rank has its own; a bare test may have none
+        self.hooks = NamespaceHooks(env.checkpoint_dir, self._namespace_op, staging=Path(staging) if staging else None)
         self.hooks.install()
 
     def _recording(self) -> bool:
@@ -71,8 +73,8 @@ class PowerLoss(Fault):
             self.fired(point="any")
 
     def wants(self, relative: str) -> bool:
-        # the crash-state model covers the checkpoint directory only, not files staged in $TMPDIR
-        return self._recording() and not relative.startswith(STAGING_PREFIX)
+        # staged files ($TMPDIR/...) too: the crash model follows their bytes into the directory
+        return self._recording()
 
     def on_open(self, file: InterceptedFile) -> None:
         mode = getattr(file, "mode", "w")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..core.case import Case
 from ..core.records import PhaseResult, Verdict
-from . import rules
+from . import data_audit, rules
 
 
 def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: PhaseResult,
@@ -59,6 +59,8 @@ def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: P
                 restored_step, restart.name)
             divergence = divergence or after
             silent += found
+        if restored_step is not None:  # which samples the job trained, against the reference's epochs
+            silent += data_audit.audit(reference, first_run, restart, restored_step)
 
     hang_lines = next(([f"phase {hung} passed its {case.timeouts.phase_s:g} s deadline", *p.hang_summary]
                        for p in later if p.name == hung), [])

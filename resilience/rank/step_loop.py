@@ -43,7 +43,8 @@ class HarnessObserver(TrainingObserver):
 
     def after_step(self, workload: Workload, step: int, loss: float) -> None:
         self.clock.phase = "idle"
-        self.emit("loss", step=step, loss=loss)
+        samples = workload.consumed_samples()  # the data audit: what the step's batch held
+        self.emit("loss", step=step, loss=loss, **({"samples": samples} if samples is not None else {}))
         if self.plan.record_states:  # every step: an emergency save (on SIGTERM) may restore any of them
             self.emit("state", step=step, fingerprint=workload.fingerprint())
 

@@ -40,28 +40,58 @@ class AccelerateCheckpoint(CheckpointStrategy):
     without it the next ``save_state`` finds ``checkpoint_0`` taken), ``dataloader: skip | stateful``
     (resume the epoch with ``skip_first_batches``, default, or let Accelerate's stateful data loader,
     ``use_stateful_dataloader=True``, save and restore its own position), ``seedable_sampler: false``
-    (Accelerate's default sampler instead of its ``SeedableRandomSampler``, default true).
+    (Accelerate's default sampler instead of its ``SeedableRandomSampler``, default true),
+    ``function: package.module:name`` (your own training function, unchanged, in place of the
+    workload's loop: every rank calls it with ``arguments`` as keyword arguments and the checkpoint
+    directory as ``directory_argument``, default ``project_dir``; `accelerate_user` observes it).
     """
 
     drives_training = True
-    options = ("total_limit", "epoch_steps", "resume_iteration", "dataloader", "seedable_sampler")
+    options = ("total_limit", "epoch_steps", "resume_iteration", "dataloader", "seedable_sampler", "function",
+               "arguments", "directory_argument")
     option_values: ClassVar[Mapping[str, Any]] = {"resume_iteration": (True, False), "total_limit": int,
                                                   "epoch_steps": int, "dataloader": RESUME_ROUTES,
                                                   "seedable_sampler": (True, False)}
     requires = {"accelerate": "pip install 'resilience[accelerate]'"}
 
+    @staticmethod
+    def check_options(options: Mapping[str, Any]) -> tuple[str, str, Any, Any] | None:
+        name = options.get("function")
+        if name is not None and (not isinstance(name, str) or name.count(":") != 1 or name.startswith(":")
+                                 or name.endswith(":")):
+            return ("strategy.options.function", "must name a function", name, "package.module:name")
+        arguments = options.get("arguments", {})
+        if not isinstance(arguments, Mapping) or not all(isinstance(key, str) for key in arguments):
+            return ("strategy.options.arguments", "must map argument names to values", arguments,
+                    "a mapping such as {steps: 12}")
+        if not isinstance(options.get("directory_argument", "project_dir"), str):
+            return ("strategy.options.directory_argument", "must be an argument name",
+                    options["directory_argument"], "a name such as project_dir")
+        return None
+
     @classmethod
     def trainer(cls, options: Mapping[str, Any]) -> str:
         return (f"accelerate-{accelerate_version()}-{options.get('epoch_steps', 0)}-{options.get('dataloader', 'skip')}"
-                f"-{options.get('seedable_sampler', True)}")
+                f"-{options.get('seedable_sampler', True)}-{options.get('function', 'workload')}"
+                f"-{sorted(dict(options.get('arguments', {})).items())}")
 
     @classmethod
     def trained_by(cls, options: Mapping[str, Any]) -> tuple[type, ...]:
         from .accelerate_engine import AccelerateTrainedWorkload
 
+        if options.get("function"):
+            from . import accelerate_user
+
+            return (cls, accelerate_user.Observed, accelerate_user.user_function(options["function"]))
         return (cls, AccelerateTrainedWorkload)
 
     def prepare(self, workload: Workload) -> Workload:
+        if self.context.options.get("function"):
+            from .accelerate_user import UserFunctionWorkload
+
+            harness_environment(self.context)
+            self.workload = UserFunctionWorkload(workload.spec, workload.rank, workload.world_size)
+            return self.workload
         if not isinstance(workload, TrainableWorkload):
             raise TypeError(f"Accelerate trains a TrainableWorkload; {type(workload).__name__} is not one")
         from .accelerate_engine import AccelerateTrainedWorkload
@@ -74,10 +104,7 @@ class AccelerateCheckpoint(CheckpointStrategy):
         from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 
         context = self.context
-        for name, value in (("RANK", context.rank), ("LOCAL_RANK", context.local_rank),
-                            ("WORLD_SIZE", context.world_size), ("LOCAL_WORLD_SIZE", context.world_size)):
-            os.environ[name] = str(value)  # what Accelerate reads; the process group exists already
-        os.environ.setdefault("OMP_NUM_THREADS", "1")  # else Accelerate sets torch's thread count
+        harness_environment(context)
         automatic = observer.start == "strategy" or observer.saves  # a snapshot names its own directory
         project = ProjectConfiguration(project_dir=str(context.checkpoint_dir), automatic_checkpoint_naming=automatic,
                                        total_limit=int(context.options.get("total_limit", 2)))
@@ -87,6 +114,13 @@ class AccelerateCheckpoint(CheckpointStrategy):
                                use_stateful_dataloader=context.options.get("dataloader") == "stateful"))
 
     def train(self, workload: Workload, observer: TrainingObserver) -> None:
+        if self.context.options.get("function"):
+            from .accelerate_user import train_user_function
+
+            options = self.context.options
+            return train_user_function(options["function"], dict(options.get("arguments", {})),
+                                       options.get("directory_argument", "project_dir"),
+                                       str(self.context.checkpoint_dir), self.workload, observer)
         import torch
 
         inner, position = self.workload.inner, self.workload.position
@@ -95,7 +129,8 @@ class AccelerateCheckpoint(CheckpointStrategy):
         inputs, targets = inner.training_examples()
         epoch_steps = int(self.context.options.get("epoch_steps", 0) or len(inputs) // spec.global_batch)
         examples = min(len(inputs), epoch_steps * spec.global_batch)
-        dataset = torch.utils.data.TensorDataset(inputs[:examples], targets[:examples])
+        # each item carries its index: the data audit reads which samples a batch held from the batch
+        dataset = torch.utils.data.TensorDataset(torch.arange(examples), inputs[:examples], targets[:examples])
         loader = torch.utils.data.DataLoader(dataset, batch_size=spec.global_batch // self.context.world_size,
                                              shuffle=True, drop_last=True)
         model, optimizer, loader, scheduler = accelerator.prepare(inner.model, inner.optimizer, loader, inner.scheduler)
@@ -109,8 +144,9 @@ class AccelerateCheckpoint(CheckpointStrategy):
             loader.set_epoch(position.epoch)
             skip = position.batch and self.context.options.get("dataloader", "skip") == "skip"
             batches = accelerator.skip_first_batches(loader, position.batch) if skip else loader
-            for batch_inputs, batch_targets in batches:
+            for batch_samples, batch_inputs, batch_targets in batches:
                 step = position.step + 1
+                inner.last_samples = batch_samples.tolist()
                 observer.before_step(step)
                 loss = inner.local_loss(model(batch_inputs), batch_targets)
                 accelerator.backward(loss)
@@ -148,3 +184,11 @@ class AccelerateCheckpoint(CheckpointStrategy):
 
     def load(self, workload: Workload) -> None:
         raise NotImplementedError("the Accelerate loop restores with Accelerator.load_state")
+
+
+def harness_environment(context) -> None:
+    """What Accelerate reads to join the harness's ranks; the process group exists already."""
+    for name, value in (("RANK", context.rank), ("LOCAL_RANK", context.local_rank),
+                        ("WORLD_SIZE", context.world_size), ("LOCAL_WORLD_SIZE", context.world_size)):
+        os.environ[name] = str(value)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # else Accelerate sets torch's thread count

@@ -76,7 +76,7 @@ class WorkloadModule(LightningModule):
         self.net = inner.model
 
     def training_step(self, batch, batch_idx):
-        inputs, targets = batch
+        _, inputs, targets = batch  # the sample indices are for the data audit (the harness's callback)
         return self.inner.local_loss(self.net(inputs), targets)
 
     def configure_optimizers(self):
@@ -85,7 +85,9 @@ class WorkloadModule(LightningModule):
 
     def train_dataloader(self):
         inputs, targets = self.inner.training_examples()
-        dataset = torch.utils.data.TensorDataset(inputs[:self.examples], targets[:self.examples])
+        # each item carries its index: the data audit reads which samples a batch held from the batch
+        dataset = torch.utils.data.TensorDataset(torch.arange(self.examples), inputs[:self.examples],
+                                                 targets[:self.examples])
         if self.loader == "plain":  # shuffle=True: Lightning replaces its RandomSampler by a DistributedSampler
             return torch.utils.data.DataLoader(dataset, batch_size=self.local_batch, shuffle=True, drop_last=True)
         from torchdata.stateful_dataloader import StatefulDataLoader
@@ -112,6 +114,8 @@ class HarnessCallback(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
+        if isinstance(pl_module, WorkloadModule):  # a user's module: its batches' layout is its own
+            self.workload.last_samples = batch[0].tolist()
         total = outputs["loss"].detach().clone().reshape(1)
         dist.all_reduce(total)
         self.observer.after_step(self.workload, step, float(total[0]) / trainer.world_size)

@@ -40,6 +40,9 @@ class Workload(ABC):
     #: whether the model is split over ranks (tensor or pipeline parallel): such a workload is built
     #: with ``topology=`` and its ``fingerprint`` digests the gathered, unsharded state
     model_parallel: ClassVar[bool] = False
+    #: the global dataset indices of the batch this rank trained in its last step, set where the
+    #: batch is built or received (never computed from a position counter); None: not known
+    last_samples: list[int] | None = None
 
     @classmethod
     def topology_problem(cls, spec: WorkloadSpec, tp: int, pp: int) -> str | None:
@@ -67,6 +70,12 @@ class Workload(ABC):
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` returned; raises on a missing key."""
+
+    def consumed_samples(self) -> list[int] | None:
+        """The dataset indices this rank trained in its last step (the data audit); a wrapper that
+        trains an inner workload answers with the inner one's."""
+        inner = getattr(self, "inner", None)
+        return inner.consumed_samples() if isinstance(inner, Workload) else self.last_samples
 
     def fingerprint(self) -> dict[str, str]:
         """A digest per leaf of ``state_dict()``: equal digests mean bitwise-equal state."""

@@ -70,6 +70,7 @@ class MLPWorkload(TrainableWorkload):
         indices = self.sampler.next_indices()
         start = self.rank * self.local_batch
         local = indices[start:start + self.local_batch]
+        self.last_samples = local.tolist()  # the rows gathered below: what this step trains on
         if self.spec.rank_rng == "same":
             noise = torch.randn(self.spec.global_batch, self.input_dim, generator=self.rng)[start:start + self.local_batch]
         else:

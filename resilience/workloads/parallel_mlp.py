@@ -124,6 +124,7 @@ class TensorParallelMLP(Workload):
         indices = self.sampler.next_indices()
         start = self.coords.dp * self.local_batch
         local = indices[start:start + self.local_batch]
+        self.last_samples = local.tolist()  # the rows gathered below: what this step trains on
         if self.spec.rank_rng == "same":
             noise = torch.randn(batch, self.input_dim, generator=self.rng)[start:start + self.local_batch]
         else:
