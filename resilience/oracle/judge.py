@@ -38,7 +38,7 @@ def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: P
         found, notes = rules.restore_findings({rank: e["step"] for rank, e in restored.items()}, complete,
                                               case.expect.fallback_ok, "its state is verified below")
         silent += found
-        oracle = continuation if case.topology_changes else reference
+        oracle = continuation if case.continuation_is_oracle else reference
         for rank, event in sorted(restored.items()):
             expected = expected_state(oracle, rank, event["step"])
             if expected is None:
