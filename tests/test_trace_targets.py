@@ -69,3 +69,9 @@ def test_the_correct_base_of_another_layout_is_accepted_where_names_used_to_deci
 def test_bugs_of_another_layout_are_caught_by_behaviour(harness, bug, name):
     trial = run_trial(harness, catcher(name), LAYOUT + bug, bug)
     assert trial.judgement == CAUGHT and trial.verdict in ("SILENT", "RECOVERED"), trial
+
+
+def test_a_strategy_without_a_pointer_is_told_why_the_pointer_catcher_does_not_apply(harness):
+    trial = run_trial(harness, catcher("stale_pointer"), "torch.per_rank", "no pointer")
+    assert trial.judgement == "not applicable", trial
+    assert "@pointer: no pointer" in trial.evidence and "first reads at restore: rank 0" in trial.evidence, trial
