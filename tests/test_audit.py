@@ -7,7 +7,7 @@ import yaml
 
 from resilience.commands.cli import main
 from resilience.fuzz.audit import Draw, simpler
-from resilience.fuzz.audit_command import Auditor
+from resilience.planted.audit_command import Auditor
 from resilience.planted.catalogue import CATCHERS
 from resilience.run.harness import Harness
 from resilience.scenario.loader import load_document

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                                                     "caught / planted", description=planted.__doc__)
     _add_harness_arguments(planted_parser)
     planted.add_arguments(planted_parser)
-    from ..fuzz import audit_command
+    from ..planted import audit_command
     audit_parser = sub.add_parser("audit", help="draw whole scenarios with Hypothesis, run them in real ranks and "
                                                 "shrink the first the strategy fails", description=audit_command.__doc__)
     _add_harness_arguments(audit_parser)

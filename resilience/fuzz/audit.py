@@ -6,7 +6,7 @@ interval (many checkpoints, step numbers of one and two digits), and a fault amo
 catalogue's catchers use (a kill in training or mid-write, disk full, damage at rest of the files
 a rank wrote, a stale pointer, a newer version, a power cut), its rank and step, its target named
 by behaviour (`resilience.disk.trace_targets`). It is judged as a catcher judges (`planted.command.
-run_trial`): caught when its verdict is not one a correct strategy may give. A draw whose fault
+run_trial`, which `planted.audit_command` hands in): caught when its verdict is not one a correct strategy may give. A draw whose fault
 never acts on the strategy is rejected, not counted as passed.
 
 Budgets are in real runs: ``search`` for Hypothesis's generation (shrinking is off there), then
@@ -22,7 +22,6 @@ from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 from ..core.case import VerdictKind
-from ..planted.catalogue import Catcher
 
 RECOVERED, LOUD = VerdictKind.RECOVERED, VerdictKind.LOUD
 STEPS = (12, 10, 16, 8, 20, 6)  # the first is what a derandomized search draws first
@@ -89,14 +88,12 @@ class Draw:
             "power_loss": {"kind": "power_loss", "step": s},
         }[f]
 
-    def catcher(self) -> Catcher:
-        accepts, fallback_ok = FAULTS[self.fault]
+    def document(self) -> dict:
+        """The drawn scenario without strategy and expect (a catcher's document)."""
         workload = {"model": "mlp", "world_size": self.world_size, "steps": self.steps,
                     "checkpoint_every": self.every, "seed": 0,
                     "rank_rng": "distinct" if self.distinct_streams else "same", "global_batch": 24}
-        return Catcher(f"audit: {self.describe()}", f"drawn by resilience audit: {self.describe()}",
-                       {"workload": workload, "fault": self.fault_document(),
-                        "timeouts": {"collective": 20, "phase": 60}}, accepts, fallback_ok=fallback_ok)
+        return {"workload": workload, "fault": self.fault_document(), "timeouts": {"collective": 20, "phase": 60}}
 
 
 @st.composite

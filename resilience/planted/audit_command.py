@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..planted.command import run_trial
-from .audit import Draw, search, shrink
-from .search import write_document
+from ..fuzz.audit import FAULTS, Draw, search, shrink
+from ..fuzz.search import write_document
+from .catalogue import Catcher
+from .command import run_trial
 
 BUDGETS = {"ci": (8, 12), "long": (200, 60)}  # profile -> (search runs, shrink runs)
 
@@ -23,6 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the shrunk scenario is written")
 
 
+def catcher_of(draw: Draw) -> Catcher:
+    """The drawn scenario as a catcher: what a correct strategy may give in it."""
+    accepts, fallback_ok = FAULTS[draw.fault]
+    return Catcher(f"audit: {draw.describe()}", f"drawn by resilience audit: {draw.describe()}", draw.document(),
+                   accepts, fallback_ok=fallback_ok)
+
+
 class Auditor:
     """Runs drawn scenarios for one strategy through the harness, counting and printing each."""
 
@@ -31,7 +39,7 @@ class Auditor:
         self.runs: list[tuple[Draw, str]] = []
 
     def judge(self, draw: Draw) -> str:
-        trial = run_trial(self.harness, draw.catcher(), self.strategy, self.strategy)
+        trial = run_trial(self.harness, catcher_of(draw), self.strategy, self.strategy)
         self.runs.append((draw, trial.judgement))
         self.report(f"  {trial.judgement:<14} {trial.verdict or '-':<9} {draw.describe()}"
                     + (f": {trial.evidence[:140]}" if trial.evidence else ""))
@@ -46,7 +54,7 @@ class Auditor:
         return shrink(found, self.judge, shrink_runs)
 
     def write(self, found: Draw, directory: Path) -> Path:
-        document = found.catcher().scenario(self.strategy, f"resilience audit of {self.strategy}")
+        document = catcher_of(found).scenario(self.strategy, f"resilience audit of {self.strategy}")
         return write_document(directory, "audit", self.strategy, document)
 
 
