@@ -19,7 +19,7 @@ from ..core.case import Case
 from ..core.topology import Topology
 from ..core.records import CaseResult, PhaseResult
 from ..oracle.evidence import collect_phase, phase_events, stderr_tails
-from ..oracle.judge import judge
+from ..oracle.judge import ended_as_reference, judge
 from .supervisor import LocalRanks, collect, deadline_after, supervise
 
 
@@ -89,7 +89,8 @@ class Harness:
                                   backend=backend_for_restart(case))
             phases.append(restart)
             restored = restart.restored()
-            if case.continuation_is_oracle and 0 in restored and snapshots is not None:
+            if case.continuation_is_oracle and 0 in restored and snapshots is not None and not (
+                    case.software_changes and ended_as_reference(case, reference, restart)):
                 step = restored[0]["step"]
                 if (snapshots / f"step_{step}").is_dir():  # trained on by the restart's topology and software
                     phases.append(self.run_phase(plan.make(CONTINUATION, case.restart.world_size, "snapshot",
