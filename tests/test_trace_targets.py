@@ -44,6 +44,7 @@ def test_a_stale_pointer_says_what_it_said_one_save_earlier():
     ({"kind": "bit_flip", "rank": 0, "step": 8, "file": "@pointer"}, "fault.file", "@written_by:R"),
     ({"kind": "duplicate_file", "rank": 1, "step": 8, "file": "@written_by:1", "source": "@written_by:7"},
      "fault.source", "0..1"),
+    ({"kind": "read_error", "rank": 0, "step": 8, "file": "@written_by:1"}, "fault.file", "a glob"),
 ])
 def test_trace_targets_are_validated_with_file_key_value_and_what_is_allowed(fault, key, allowed):
     with pytest.raises(ScenarioError) as info:

@@ -107,8 +107,8 @@ class DamageAfterSave(Fault):
     def written_during_save(self) -> list[str]:
         """Files matching ``file`` created or changed since the triggering step began (or those
         the selector names, from the ranks' traces)."""
-        if is_selector(self.trigger.file):
-            return self.tracer.resolve(self.trigger.file)
+        if is_selector(self.trigger.file):  # the trace follows files, not objects
+            return [] if self.env.checkpoint_url else self.tracer.resolve(self.trigger.file)
         before = self._before or {}
         return sorted(relative for relative, identity in self.identities().items()
                       if before.get(relative) != identity and self.path_matches(relative))
