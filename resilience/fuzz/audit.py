@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
-from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, seed, settings
 from hypothesis import strategies as st
 
 from ..core.case import VerdictKind
@@ -118,9 +118,11 @@ class Found(Exception):
         self.draw, self.trial = found, trial
 
 
-def search(judge: Callable[[Draw], str], profile: str, budget: int) -> Draw | None:
+def search(judge: Callable[[Draw], str], profile: str, budget: int, key: int = 0) -> Draw | None:
     """Hypothesis's generation over ``draws()`` with at most ``budget`` real runs. ``judge``
-    returns the `run_trial` judgement: "caught" ends the search, "not applicable" rejects the draw."""
+    returns the `run_trial` judgement: "caught" ends the search, "not applicable" rejects the draw.
+    Under the derandomized ``ci`` profile the draws come from the seed ``key`` (the strategy's
+    name, say): reproducible, yet not the same few draws for every strategy."""
     runs = [0]
 
     @given(draws())
@@ -133,9 +135,13 @@ def search(judge: Callable[[Draw], str], profile: str, budget: int) -> Draw | No
         if judgement == "caught":
             raise Found(candidate, judgement)
 
-    chosen = settings(settings.get_profile(profile), max_examples=max(budget * 4, budget + 10),
+    if settings.get_profile(profile).derandomize:
+        check = seed(key)(check)
+    chosen = settings(settings.get_profile(profile), max_examples=max(budget * 4, budget + 10), derandomize=False,
                       phases=(Phase.explicit, Phase.generate),
-                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+                      # one search after another in a process (never nested) trips nested_given once seeded
+                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                             HealthCheck.nested_given])
     try:
         chosen(check)()
     except Found as found:

@@ -4,6 +4,7 @@ command that replays it. Exit status 1 when one was found, 0 when the budget fou
 from __future__ import annotations
 
 import argparse
+import zlib
 from pathlib import Path
 
 from ..fuzz.audit import FAULTS, Draw, search, shrink
@@ -47,7 +48,7 @@ class Auditor:
 
     def audit(self, profile: str, runs: int, shrink_runs: int) -> tuple[Draw | None, int]:
         """The shrunk draw the strategy fails (or None), and the runs the shrink spent."""
-        found = search(self.judge, profile, runs)
+        found = search(self.judge, profile, runs, zlib.crc32(self.strategy.encode()))
         if found is None:
             return None, 0
         self.report(f"caught: {found.describe()}; shrinking (at most {shrink_runs} runs)")
