@@ -18,7 +18,8 @@ BUDGETS = {"ci": (8, 12), "long": (200, 60)}  # profile -> (search runs, shrink 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy", required=True, metavar="TARGET", help="built-in name or package.module:Class")
     parser.add_argument("--profile", choices=sorted(BUDGETS), default="ci",
-                        help="ci: derandomized, 8 search runs and 12 shrink runs; long: random, 200 and 60")
+                        help="ci: reproducible (seeded by the strategy name), 8 search runs and 12 shrink runs; "
+                             "long: random, 200 and 60")
     parser.add_argument("--runs", type=int, default=None, help="real runs for the search (default: the profile's)")
     parser.add_argument("--shrink-runs", type=int, default=None, help="real runs for shrinking (default: the profile's)")
     parser.add_argument("--out", type=Path, default=Path("audit-counterexamples"),
