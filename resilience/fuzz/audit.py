@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 
 from hypothesis import HealthCheck, Phase, assume, given, seed, settings
 from hypothesis import strategies as st
+from hypothesis.errors import Flaky
 
 from ..core.case import VerdictKind
 
@@ -123,17 +124,19 @@ def search(judge: Callable[[Draw], str], profile: str, budget: int, key: int = 0
     returns the `run_trial` judgement: "caught" ends the search, "not applicable" rejects the draw.
     Under the derandomized ``ci`` profile the draws come from the seed ``key`` (the strategy's
     name, say): reproducible, yet not the same few draws for every strategy."""
-    runs = [0]
+    judged: dict[Draw, str] = {}  # Hypothesis replays a failing draw (and may draw one twice): run each once
+    caught: list[Draw] = []
 
     @given(draws())
     def check(candidate: Draw) -> None:
-        if runs[0] >= budget:
-            return  # the budget is spent: Hypothesis draws on, nothing runs
-        runs[0] += 1
-        judgement = judge(candidate)
-        assume(judgement in ("caught", "accepted"))  # a fault that never acted, or a harness error
-        if judgement == "caught":
-            raise Found(candidate, judgement)
+        if candidate not in judged:
+            if len(judged) >= budget:
+                return  # the budget is spent: Hypothesis draws on, nothing runs
+            judged[candidate] = judge(candidate)
+        assume(judged[candidate] in ("caught", "accepted"))  # a fault that never acted, or a harness error
+        if judged[candidate] == "caught":
+            caught.append(candidate)
+            raise Found(candidate, judged[candidate])
 
     if settings.get_profile(profile).derandomize:
         check = seed(key)(check)
@@ -144,9 +147,10 @@ def search(judge: Callable[[Draw], str], profile: str, budget: int, key: int = 0
                                              HealthCheck.nested_given])
     try:
         chosen(check)()
-    except Found as found:
-        return found.draw
-    return None
+    except (Found, Flaky):  # Flaky: a replay Hypothesis made past the budget; the catch stands
+        if not caught:
+            raise
+    return caught[0] if caught else None
 
 
 def simpler(d: Draw) -> Iterator[Draw]:
