@@ -35,6 +35,15 @@ def test_the_restart_runs_under_the_interpreter_the_scenario_names(tmp_path):
     assert result.verdict.kind is VerdictKind.RECOVERED, result.verdict.findings
     assert {v["executable"] for v in joined_versions(result, "restart")} == {str(python)}
     assert {v["executable"] for v in joined_versions(result, "first_run")} != {str(python)}
+    assert "continuation" not in {p.name for p in result.phases}  # it went on bit for bit as the reference
+
+    # a restore that loses the optimizer: the oracle is a continuation under the restart's interpreter
+    result = run_case(tmp_path / "work", restart={"python": str(python)},
+                      strategy="tests.strategies_under_test:ForgetsOptimizer",
+                      fault={"kind": "kill", "rank": 1, "step": 6, "phase": "train"})
+    assert result.verdict.kind is VerdictKind.SILENT, result.verdict.findings
+    assert {v["executable"] for v in joined_versions(result, "continuation")} == {str(python)}
+    assert any("optimizer" in finding for finding in result.verdict.findings), result.verdict.findings
 
 
 def test_a_missing_restart_interpreter_is_a_clear_error(tmp_path):

@@ -74,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
                                                     "caught / planted", description=planted.__doc__)
     _add_harness_arguments(planted_parser)
     planted.add_arguments(planted_parser)
+    from ..planted import audit_command
+    audit_parser = sub.add_parser("audit", help="draw whole scenarios with Hypothesis, run them in real ranks and "
+                                                "shrink the first the strategy fails", description=audit_command.__doc__)
+    _add_harness_arguments(audit_parser)
+    audit_command.add_arguments(audit_parser)
     from . import repeat
     repeat_parser = sub.add_parser("repeat", help="run every case K times over and report any whose verdict "
                                                   "changed", description=repeat.__doc__)
@@ -103,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                       explore_restores=getattr(args, "max_restores", None))
     if args.command == "planted":
         return planted.main(args, harness)
+    if args.command == "audit":
+        return audit_command.main(args, harness)
     only = (lambda case: case.id == args.case) if args.case else (lambda case: True)
     if args.command == "repeat":
         cases, broken = load_or_report(args.paths, only)

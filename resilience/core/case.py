@@ -136,6 +136,18 @@ class Case:
         which files; the reference stays the oracle."""
         return self.restart.placement.parallel != self.placement.parallel
 
+    @property
+    def software_changes(self) -> bool:
+        """Whether the restart runs other software (another interpreter, packages layered first),
+        which may compute other bits from the same state."""
+        return bool(self.restart.python or self.restart.packages)
+
+    @property
+    def continuation_is_oracle(self) -> bool:
+        """Whether the restart is judged against a continuation: the trusted reference state at the
+        restored step, trained on by the restart's own topology and software."""
+        return self.topology_changes or self.software_changes
+
     def write(self, path: Path) -> None:
         """The case file every rank reads back (`scenario.loader.read_case_file`): the document
         is parsed and validated again there, so the ranks run exactly what the controller ran."""

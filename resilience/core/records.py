@@ -92,6 +92,16 @@ class CaseResult:
     def fault_fired(self) -> bool:
         return any(phase.fault_events for phase in self.phases)
 
+    @property
+    def fault_acted(self) -> bool:
+        """It fired, and not only to stop the first run for a restart where it then never acted."""
+        return any(e.get("action") != "stop" for phase in self.phases for e in phase.fault_events)
+
+    def fault_missed(self) -> str:
+        """Why the fault found nothing to act on, as a rank said it (``fault_missed``), or ""."""
+        return next((e.get("reason", "") for p in self.phases for r in p.ranks for e in r.events
+                     if e["event"] == "fault_missed"), "")
+
     # -- figures a qualification report shows (derived from the phases' events) ----------------
     def phase(self, name: str) -> PhaseResult | None:
         return next((p for p in self.phases if p.name == name), None)

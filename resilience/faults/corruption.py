@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..core.confined import resolve_under
+from ..disk.trace_targets import is_selector, parse_target
 from .base import Fault
+from .traced import SaveTracer
 
 MIDDLE = "middle"
 
@@ -53,7 +55,8 @@ class DamageAfterSave(Fault):
 
     Subclasses implement ``damage(paths)`` (on the trigger rank only; returns what it did, for the
     event) and may override ``pick(changed)`` (which files to damage among those written during
-    the save that match ``file``)."""
+    the save that match ``file``). ``file`` may name files by behaviour (``@written_by:R``,
+    `resilience.disk.trace_targets`): then every rank traces its saves (`traced.SaveTracer`)."""
 
     points = {"save": ("returned",)}
     byte_points = ()
@@ -61,9 +64,29 @@ class DamageAfterSave(Fault):
     #: False: nothing on disk is touched, the fault only stops the job here (and acts later)
     damages_files: ClassVar[bool] = True
 
+    #: the selectors ``file`` may be (`resilience.disk.trace_targets`)
+    trace_targets: ClassVar[tuple[str, ...]] = ("written_by",)
+
     def __init__(self, spec):
         super().__init__(spec)
         self._before: dict[str, tuple[int, int, int]] | None = None
+        self.tracer = SaveTracer.for_values((spec.trigger.file, spec.params.get("source")), spec.trigger.step,
+                                            1 << 20) if spec.trigger else None
+
+    def needs_interception(self) -> bool:
+        return self.tracer is not None  # the ranks' opens for writing are the trace
+
+    def arm(self, env) -> None:
+        super().arm(env)
+        if self.tracer is not None:
+            self.tracer.arm(env)
+
+    def wants(self, relative: str) -> bool:
+        return self.tracer is not None and self.tracer.wants(relative)
+
+    def on_open(self, file) -> None:
+        if self.tracer is not None:
+            self.tracer.record_open(file.relative)
 
     def identities(self) -> dict[str, tuple]:
         """What is saved now: files under the checkpoint directory, or objects under its URL."""
@@ -82,13 +105,23 @@ class DamageAfterSave(Fault):
             self._before = self.identities()
 
     def written_during_save(self) -> list[str]:
-        """Files matching ``file`` created or changed since the triggering step began."""
+        """Files matching ``file`` created or changed since the triggering step began (or those
+        the selector names, from the ranks' traces)."""
+        if is_selector(self.trigger.file):  # the trace follows files, not objects
+            return [] if self.env.checkpoint_url else self.tracer.resolve(self.trigger.file)
         before = self._before or {}
         return sorted(relative for relative, identity in self.identities().items()
                       if before.get(relative) != identity and self.path_matches(relative))
 
     def pick(self, changed: list[str]) -> list[str]:
         return changed
+
+    def missed(self) -> str:
+        """Why no file was damaged, in one line."""
+        if is_selector(self.trigger.file):
+            target = parse_target(self.trigger.file, self.env.world_size)
+            return f"no file fits: {target.describe(self.trigger.step)} (none it can act on)"
+        return f"no file matching {self.trigger.file!r} was written during the save"
 
     def damage(self, paths: list[Path]) -> dict[str, Any]:
         return {}
@@ -101,6 +134,8 @@ class DamageAfterSave(Fault):
             return
         import torch.distributed as dist
 
+        if self.tracer is not None:
+            self.tracer.flush()  # before the ranks meet: the trigger rank reads every rank's trace
         dist.barrier()  # every rank's save returned: its files are complete
         acted = False
         if self.on_trigger_rank():
@@ -113,8 +148,7 @@ class DamageAfterSave(Fault):
                 acted = True
                 self.fired(point="returned", files=targets, ends_process=self.stops_job, **detail)
             else:
-                self.env.emit("fault_missed", kind=self.spec.kind, file=self.trigger.file,
-                              reason="no file matching it was written during the save")
+                self.env.emit("fault_missed", kind=self.spec.kind, file=self.trigger.file, reason=self.missed())
         dist.barrier()  # the damage is done before anyone goes on
         if acted and self.stops_job:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.plan import RESTART
+from ..disk.trace_targets import is_selector
 from .base import CaseEnvironment
 from .corruption import DamageAfterSave
 
@@ -82,6 +83,12 @@ def plant(path: Path, canary: Path) -> str:
     return PICKLE
 
 
+def can_carry(path: Path) -> bool:
+    with open(path, "rb") as file:
+        head = file.read(len(ZIP_MAGIC))
+    return head == ZIP_MAGIC or head[:1] == b"\x80"  # a zip, or a pickle of protocol 2 or later
+
+
 def _single_pickle(path: Path) -> Any:
     """The one object pickled in ``path`` (written by this case's strategy, as above)."""
     with open(path, "rb") as file:
@@ -114,6 +121,13 @@ class MaliciousPickle(DamageAfterSave):
     runs it (SILENT, whatever else happens); ``torch.load(weights_only=True)`` refuses the file."""
 
     kind = "malicious_pickle"
+
+    def pick(self, changed: list[str]) -> list[str]:
+        """With a trace target, those of the rank's files that can carry a payload (a torch zip file
+        or a pickle: a marker or a text pointer cannot)."""
+        if not is_selector(self.trigger.file):
+            return changed
+        return [r for r in changed if can_carry(self.env.checkpoint_dir / r)]
 
     def damage(self, paths: list[Path]) -> dict[str, Any]:
         case_dir = self.env.case_dir

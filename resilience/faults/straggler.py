@@ -34,6 +34,7 @@ EXIT_WAIT_S = 10.0
 
 
 class Straggler(DamageAfterSave):
+    trace_targets = ()  # its writer process copies by glob
     kind = "straggler"
     params = {"source": (str, None), "seconds": (float, 20.0), "interval": (float, 0.2)}
 

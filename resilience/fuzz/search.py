@@ -189,10 +189,15 @@ def scenario_document(strategy: str, options: dict, save: Topology, restart: Top
 
 
 def write_scenario(directory: Path, strategy: str, options: dict, found: Counterexample) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"fuzz_{strategy.replace(':', '_').replace('.', '_')}.scenario.yaml"
     document = scenario_document(strategy, options, found.save, found.restart, found.distinct_streams,
                                  f"Found by resilience fuzz: {found}")
+    return write_document(directory, "fuzz", strategy, document)
+
+
+def write_document(directory: Path, prefix: str, strategy: str, document: dict) -> Path:
+    """A found scenario as a file that `python -m resilience run` replays."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{prefix}_{strategy.replace(':', '_').replace('.', '_')}.scenario.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path
 

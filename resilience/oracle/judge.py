@@ -38,7 +38,9 @@ def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: P
         found, notes = rules.restore_findings({rank: e["step"] for rank, e in restored.items()}, complete,
                                               case.expect.fallback_ok, "its state is verified below")
         silent += found
-        oracle = continuation if case.topology_changes else reference
+        oracle = continuation if case.continuation_is_oracle else reference
+        if case.software_changes and ended_as_reference(case, reference, restart):
+            oracle = reference  # other software that went on bit for bit as the saving one: the reference's end
         for rank, event in sorted(restored.items()):
             expected = expected_state(oracle, rank, event["step"])
             if expected is None:
@@ -69,6 +71,20 @@ def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: P
                                            + list(fault_notes)), first_error=first_error, intact_step=intact_step,
                    restored_step=restored_step, complete_step=complete, divergence=divergence, hung_phase=hung,
                    state_diff=tuple(state_diff))
+
+
+def ended_as_reference(case: Case, reference: PhaseResult, restart: PhaseResult) -> bool:
+    """Whether a restart on the first run's topology completed with every loss after its restore
+    equal, bit for bit, to the reference's: then the reference is its oracle (the job ended as the
+    reference does) and no continuation is needed, whatever software it ran."""
+    restored = restart.restored()
+    if case.topology_changes or restart.status != "completed" or 0 not in restored:
+        return False
+    step = restored[0]["step"]
+    losses = {rank: restart.losses(rank) for rank in range(restart.world_size)}
+    if not any(s > step for by_step in losses.values() for s in by_step):
+        return False
+    return not rules.after_restore_divergence(losses, reference.losses(0), step, restart.name)[1]
 
 
 def expected_state(oracle: PhaseResult | None, rank: int, step: int) -> dict | None:

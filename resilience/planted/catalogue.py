@@ -88,23 +88,23 @@ CATCHERS: tuple[Catcher, ...] = (
                                               "version": "newer"},
              "timeouts": {"phase": 60}},
             frozenset({LOUD})),
-    Catcher("foreign_shard", "after the step-8 save, rank 0's per-rank file is copied over rank 1's "
-            "(per-rank RNG streams, so the two differ)",
+    Catcher("foreign_shard", "after the step-8 save, each file rank 1 wrote in it is overwritten by rank 0's "
+            "counterpart (per-rank RNG streams, so the two differ)",
             {"workload": {**TWO_RANKS, "rank_rng": "distinct"},
-             "fault": {"kind": "duplicate_file", "rank": 1, "step": 8, "file": "step_00000008/*rank_1*",
-                       "source": "step_00000008/*rank_0*"},
+             "fault": {"kind": "duplicate_file", "rank": 1, "step": 8, "file": "@written_by:1",
+                       "source": "@written_by:0"},
              "timeouts": {"phase": 60}},
             frozenset({RECOVERED, LOUD}), fallback_ok=True),
-    Catcher("hostile_pickle", "after the step-8 save, rank 1's per-rank file is rewritten to run a "
+    Catcher("hostile_pickle", "after the step-8 save, every pickle rank 1 wrote in it is rewritten to run a "
             "payload when unpickled (same state otherwise): the payload must never run",
             {"workload": TWO_RANKS,
-             "fault": {"kind": "malicious_pickle", "rank": 1, "step": 8, "file": "step_00000008/*rank_1*"},
+             "fault": {"kind": "malicious_pickle", "rank": 1, "step": 8, "file": "@written_by:1"},
              "timeouts": {"phase": 60}},
             frozenset({RECOVERED, LOUD}), fallback_ok=True),
-    Catcher("stale_pointer", "after the step-8 save the `latest` pointer is set back to step 4 (an "
-            "update that never reached the disk); step 8 is complete on disk",
+    Catcher("stale_pointer", "after the step-8 save the pointer (the file every rank reads first at restore, "
+            "whatever its name) is set back to step 4 (an update that never reached the disk); step 8 is complete on disk",
             {"workload": TWO_RANKS,
-             "fault": {"kind": "stale_pointer", "rank": 0, "step": 8, "file": "latest", "points_to": "older"},
+             "fault": {"kind": "stale_pointer", "rank": 0, "step": 8, "file": "@pointer", "points_to": "older"},
              "timeouts": {"phase": 60}},
             frozenset({RECOVERED, LOUD})),
     Catcher("power_loss", "power cut at any instant of the step-8 save (crash states explored and "
@@ -112,12 +112,12 @@ CATCHERS: tuple[Catcher, ...] = (
             {"workload": TWO_RANKS, "fault": {"kind": "power_loss", "step": 8},
              "timeouts": {"phase": 60}},
             frozenset({RECOVERED, LOUD})),
-    Catcher("writer_thread_exception", "DCP-shaped async save: an exception raised in the background "
-            "thread writing rank 1's step-12 shard, the job's last save: the job must fail loudly (the step-8 "
-            "restore is then right)",
+    Catcher("writer_thread_exception", "an exception raised in the thread writing rank 1's first file of the "
+            "step-12 save (a DCP-shaped async save's background writer), the job's last save: the job must fail "
+            "loudly (the step-8 restore is then right)",
             {"workload": TWO_RANKS,
              "fault": {"kind": "crash", "how": "thread_exception", "rank": 1, "step": 12, "point": "write",
-                       "file": "step_00000012/__1_0.distcp", "after_bytes": 4096},
+                       "file": "*", "after_bytes": 4096},  # its first file, whatever its name
              "timeouts": {"collective": 20, "phase": 60}},
             frozenset({LOUD}), fallback_ok=True),
     Catcher("shard_missing_at_marker", "rank 1 aborts (SIGABRT) as the step-8 save starts, before its shard: "

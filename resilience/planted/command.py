@@ -55,10 +55,11 @@ def run_trial(harness: Harness, where: Catcher, strategy: Any, label: str) -> Tr
     except ResilienceError as exc:
         return trial(ERROR, None, str(exc))
     verdict = result.verdict
-    never_fired = case.fault.kind != "none" and not result.fault_fired
+    never_fired = case.fault.kind != "none" and not result.fault_acted
     if never_fired and verdict.kind not in (VerdictKind.SILENT, VerdictKind.HANG):  # a hang before it is one too
-        return trial(NOT_APPLICABLE, verdict.kind.value, f"the {case.fault.kind} fault never fired: the strategy's "
-                                                         f"files do not match {case.fault.trigger.file!r}")
+        why = result.fault_missed() or next((n for n in verdict.findings if n.startswith("@")), "") or (
+            f"the strategy's files do not match {case.fault.trigger.file!r}")
+        return trial(NOT_APPLICABLE, verdict.kind.value, f"the {case.fault.kind} fault never acted: {why}")
     if where.fallback_required and verdict.intact_step is not None:
         return trial(CAUGHT, verdict.kind.value, next(f for f in verdict.findings if f.startswith("refused;")))
     if verdict.kind in where.accepts:

@@ -19,7 +19,7 @@ from ..core.case import Case
 from ..core.topology import Topology
 from ..core.records import CaseResult, PhaseResult
 from ..oracle.evidence import collect_phase, phase_events, stderr_tails
-from ..oracle.judge import judge
+from ..oracle.judge import ended_as_reference, judge
 from .supervisor import LocalRanks, collect, deadline_after, supervise
 
 
@@ -89,12 +89,14 @@ class Harness:
                                   backend=backend_for_restart(case))
             phases.append(restart)
             restored = restart.restored()
-            if case.topology_changes and 0 in restored and snapshots is not None:
+            if case.continuation_is_oracle and 0 in restored and snapshots is not None and not (
+                    case.software_changes and ended_as_reference(case, reference, restart)):
                 step = restored[0]["step"]
-                if (snapshots / f"step_{step}").is_dir():
+                if (snapshots / f"step_{step}").is_dir():  # trained on by the restart's topology and software
                     phases.append(self.run_phase(plan.make(CONTINUATION, case.restart.world_size, "snapshot",
                                                         snapshot_dir=snapshots, snapshot_step=step,
-                                                        topology=case.restart.placement), case))
+                                                        topology=case.restart.placement), case,
+                                                 backend=backend_for_restart(case)))
             intact_step, probes = availability.probe(case, phases[1], restart, reference, lambda step: self.run_phase(
                 plan.make(FALLBACK, case.restart.world_size, "step", snapshot_step=step, rank_map=case.restart.rank_map,
                           phase_dir=work_dir / f"{FALLBACK}_step_{step}", topology=case.restart.placement), case,
@@ -111,8 +113,8 @@ class Harness:
         return CaseResult(case=case, verdict=verdict, phases=tuple(phases) + probes, work_dir=work_dir)
 
     def _reference(self, case: Case, plan: "_Planner") -> tuple[PhaseResult, Path | None]:
-        """The reference phase and its snapshot directory (only kept when the topology changes)."""
-        keep_snapshots = case.topology_changes
+        """The reference phase and its snapshot directory (only kept where a continuation is the oracle)."""
+        keep_snapshots = case.continuation_is_oracle
 
         def run_into(directory: Path) -> PhaseResult:
             result = self.run_phase(plan.make(REFERENCE, case.workload.world_size, "fresh", record_states=True,

@@ -12,6 +12,7 @@ from typing import Any
 from ..core import registry
 from ..core.case import (Case, Expect, FaultSpec, KnownIssue, Outcome, StrategySpec, Timeouts, Trigger,
                          VerdictKind, WorkloadSpec)
+from ..disk.trace_targets import POINTER, WRITTEN_BY, is_selector, parse_target
 from .checks import Problems, Validator, parse_size
 from .placement import check_restart, check_topology
 from .schema import (DEFAULT_TIMEOUTS, EXPECT_KEYS, FALLBACK_CHOICES, KNOWN_ISSUE_KEYS, MAX_TIMEOUT_S, MAX_WORLD_SIZE,
@@ -148,7 +149,7 @@ def check_fault(v: Validator, value: Any, workload: WorkloadSpec) -> FaultSpec:
             params[key] = v.plain(f"fault.{key}", doc.get(key, default))
         elif allowed is str:  # an optional glob or name, of files under the checkpoint directory
             glob = doc.get(key, default)
-            params[key] = glob if glob is None else v.relative_glob(f"fault.{key}", glob)
+            params[key] = glob if glob is None else check_file(v, f"fault.{key}", glob, cls, workload.world_size)
         else:
             params[key] = v.choice(f"fault.{key}", doc.get(key, default), allowed)
     trigger = check_trigger(v, doc, workload, cls) if cls.needs_trigger else None
@@ -185,8 +186,25 @@ def check_trigger(v: Validator, doc: dict, workload: WorkloadSpec, cls: type) ->
     if after_bytes is not None and point not in cls.byte_points:
         raise v.error("fault.after_bytes", f"has no meaning at point {point!r}", after_bytes,
                       f"points {', '.join(cls.byte_points)}")
-    file = v.relative_glob("fault.file", doc.get("file", "*"))
+    file = check_file(v, "fault.file", doc.get("file", "*"), cls, workload.world_size)
     return Trigger(rank=rank, step=step, phase=phase, point=point, file=file, after_bytes=after_bytes)
+
+
+def check_file(v: Validator, key: str, value: Any, cls: type, world_size: int) -> str:
+    """A glob of files under the checkpoint directory, or a target the run's IO trace resolves
+    (`resilience.disk.trace_targets`) where the fault takes one."""
+    if not is_selector(value):
+        return v.relative_glob(key, value)
+    try:
+        target = parse_target(value, world_size)
+    except ValueError as exc:
+        raise v.error(key, "names no target of the IO trace", value, str(exc)) from None
+    takes = getattr(cls, "trace_targets", ())
+    if target.kind not in takes:
+        forms = {"written_by": WRITTEN_BY + "R", "pointer": POINTER}
+        allowed = [forms[t] for t in takes] or "a glob relative to the checkpoint directory"
+        raise v.error(key, f"a {cls.kind} fault cannot take {value!r} from the IO trace", value, allowed)
+    return value
 
 
 def check_expect(v: Validator, value: Any) -> Expect:

@@ -58,6 +58,10 @@ def training_config(spec: WorkloadSpec, world_size: int, stage: int) -> dict[str
         "train_batch_size": spec.global_batch,
         "train_micro_batch_size_per_gpu": spec.global_batch // world_size,
         "gradient_accumulation_steps": 1,
+        # stated, not left to the release: the default is 0.0 (no clipping) in DeepSpeed 0.17.6
+        # (runtime/constants.py:246) and 1.0 in 0.19.8 (runtime/constants.py:203), so the same
+        # config trains another job under another release (docs/findings.md)
+        "gradient_clipping": 1.0,
         "zero_optimization": {"stage": stage},
         "steps_per_print": 1 << 30,
     }
