@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-OP_KINDS = ("open", "write", "fsync", "close", "rename", "unlink", "mkdir", "rmdir", "dir_fsync", "returned")
+OP_KINDS = ("open", "write", "fsync", "close", "rename", "unlink", "mkdir", "rmdir", "dir_fsync", "returned", "sync")
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,8 @@ class TraceOp:
     ``write`` (``length`` bytes at ``offset``, stored at ``data_offset`` in the rank's data file),
     ``fsync`` (of a file: its data is durable), ``close``, ``rename`` (``path`` -> ``target``,
     replacing it), ``unlink``, ``mkdir``, ``rmdir``, ``dir_fsync`` (the directory's entries are
-    durable), and ``returned`` (the rank's ``save`` returned: a marker, no IO).
+    durable), ``returned`` (the rank's ``save`` returned: a marker, no IO) and ``sync`` (a collective
+    over every rank returned, ``target`` its name: a marker, `resilience.disk.collective_hooks`).
     Paths are relative to the checkpoint directory, with ``/``.
     """
 
