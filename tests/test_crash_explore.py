@@ -136,8 +136,68 @@ def test_the_power_cut_is_one_instant_for_every_rank(tmp_path):
     model = model_of(tmp_path, world_size=2)
     assert model.op_counts == (5, 6)
     boundaries = model.boundaries()
-    assert [model.cuts_at(b) for b in boundaries] == [(0, 0), (1, 0), (1, 1), (4, 3), (4, 4), (4, 5), (4, 6), (5, 6)]
+    # the ranks in lockstep, whatever the trace's clock said: the same instants in every run
+    assert [model.cuts_at(b) for b in boundaries] == [(0, 0), (1, 0), (1, 1), (4, 3), (4, 4), (5, 4), (5, 5), (5, 6)]
     assert model.cuts_at(len(model.merged)) == model.op_counts
+    assert model.order_note == ""
+
+
+def test_no_op_after_a_collective_is_ordered_before_an_op_before_it(tmp_path):
+    """Rank 0 writes its shard, then every rank passes a barrier, then rank 0 writes the pointer: no
+    instant has the pointer without rank 1's shard, though rank 1's shard takes longer to write."""
+    ranks = [Recorder(tmp_path, 0), Recorder(tmp_path, 1)]
+    write_file(ranks[0], SAVE, "shard0", b"a")
+    ranks[1](SAVE, "open", path="shard1", truncate=True)
+    ranks[1](SAVE, "write", b"b", path="shard1", offset=0)
+    ranks[1](SAVE, "write", b"c", path="shard1", offset=1)
+    ranks[1](SAVE, "close", path="shard1")
+    for recorder in ranks:
+        recorder(SAVE, "sync", target="barrier")
+    write_file(ranks[0], SAVE, "latest", b"8")
+    for recorder in ranks:
+        recorder(SAVE, "returned")
+        recorder.close()
+    model = model_of(tmp_path, world_size=2)
+    for count in model.boundaries():
+        cuts = model.cuts_at(count)
+        if cuts[0] > 3:  # rank 0 is past the barrier
+            assert cuts[1] >= 4, cuts  # so rank 1 finished its shard
+    assert all(op.kind != "sync" for ops in model.ops for op in ops)
+
+
+def test_ranks_that_disagree_on_their_collectives_keep_the_clocks_order_and_say_so(tmp_path):
+    ranks = [Recorder(tmp_path, 0), Recorder(tmp_path, 1)]
+    ranks[0](SAVE, "sync", target="barrier")
+    for recorder in ranks:
+        write_file(recorder, SAVE, f"shard{recorder.writer.rank}", b"x")
+        recorder.close()
+    model = model_of(tmp_path, world_size=2)
+    assert "different numbers of collectives (rank 0: 1, rank 1: 0)" in model.order_note
+    assert model.op_counts == (3, 3)
+
+
+def test_the_collective_hooks_report_blocking_whole_world_collectives_once(tmp_path):
+    code = f'''
+import torch, torch.distributed as dist
+from resilience.disk.collective_hooks import CollectiveHooks
+seen = []
+hooks = CollectiveHooks(seen.append)
+hooks.install()
+dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=0, world_size=1)
+dist.barrier()
+dist.all_gather_object([None], 1)  # tensor collectives inside: reported once
+dist.all_reduce(torch.ones(1), async_op=True).wait()  # returns before it completes: not a bound
+dist.broadcast_object_list([1], src=0)
+hooks.uninstall()
+dist.barrier()
+dist.destroy_process_group()
+print(seen)
+'''
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "['barrier', 'all_gather_object', 'broadcast_object_list']"
 
 
 def test_identical_disk_states_share_a_hash_and_materialise_as_real_directories(tmp_path):
@@ -320,3 +380,26 @@ def test_the_explore_command_runs_only_power_loss_cases(tmp_path, capsys):
                         "fault: {kind: kill, rank: 0, step: 4, phase: save}\nexpect: recovers\n")
     assert main(["explore", str(scenario), "--workdir", str(tmp_path / "work")]) == 0
     assert capsys.readouterr().out == ""  # the kill case was not run
+
+
+def test_a_warm_rank_whose_group_never_formed_is_not_reused(tmp_path):
+    """torch counts unnamed groups per process and resets the counter only when a formed group is
+    destroyed: after one rendezvous that timed out, every later group of that rank waits for keys
+    under another name than its peers'. The warm rank reports it as something left behind."""
+    code = f'''
+import datetime, torch.distributed as dist
+from resilience.rank.warm_rank import leftovers, process_state
+clean = process_state()
+store = dist.FileStore("{tmp_path}/store", 2)
+try:
+    dist.init_process_group("gloo", store=dist.PrefixStore("restore0/", store), rank=0, world_size=2,
+                            timeout=datetime.timedelta(seconds=1))
+except RuntimeError:  # the peer never came: "Wait timeout"
+    pass
+print(leftovers(clean, process_state()))
+'''
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "process group counter at 1, not 0 (a group that never formed)" in out.stdout

@@ -6,8 +6,9 @@ The model, for a power cut somewhere inside the save of step S:
 - the power cut is one instant for every rank (one power domain): each rank got through the ops
   it had started before that instant (``CrashPoint.cuts``: one rank may be done while another has
   not begun). Ranks are not cut independently of each other: a rank that waits in a collective for
-  a peer cannot be further along than that peer, and the trace does not record collectives, so
-  only the global order of the ops (one monotonic clock) tells which combinations can happen;
+  a peer cannot be further along than that peer. The trace records the collectives, and the ops
+  are taken in one order that respects them and is the same in every run
+  (`resilience.disk.interleaving`): the instants are the prefixes of that order;
 - file data: an ``fsync`` (or ``fdatasync``) makes the file's data durable; data written since a
   file's last fsync reaches the disk whole (``keep``), not at all (``drop``), as a prefix of the
   written bytes (``prefix``: a torn write sequence; the truncation of an ``open(..., "w")`` happens,
@@ -21,10 +22,11 @@ The model, for a power cut somewhere inside the save of step S:
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .interception import STAGING_PREFIX
+from .interleaving import canonical
 from .io_trace import TraceOp, payload_path, read_payload, read_trace
 from .replay_fs import ReplayFilesystem
 
@@ -66,14 +68,19 @@ class CrashModel:
     def __init__(self, trace_dir: Path, world_size: int, step: int):
         self.step, self.trace_dir = step, trace_dir
         self.before: list[tuple[TraceOp, Path]] = []
-        self.ops: list[list[TraceOp]] = []  # per rank, the explored save's ops in that rank's order
+        traced: list[list[TraceOp]] = []
         self.data_paths: list[Path] = []
         for rank in range(world_size):
             ops, data_path = read_trace(trace_dir, rank)
             self.data_paths.append(data_path)
-            self.before.extend((op, data_path) for op in ops if op.step < step)
-            self.ops.append([op for op in ops if op.step == step])
+            self.before.extend((op, data_path) for op in ops if op.step < step and op.kind != "sync")
+            traced.append([op for op in ops if op.step == step])
         self.before.sort(key=lambda item: item[0].order)
+        # per rank, the explored save's ops in that rank's order, placed in the one order of every run;
+        # the earlier saves are all durable, so their instants only need to come first
+        self.ops, self.order_note = canonical(traced)
+        self.before = [(replace(op, time_ns=index - len(self.before)), path)
+                       for index, (op, path) in enumerate(self.before)]
         self.merged = sorted((op for ops in self.ops for op in ops), key=lambda op: op.order)
         self._payloads: dict[tuple[int, int], bytes] = {}
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from .interception import STAGING_PREFIX
 
-OP_KINDS = ("open", "write", "fsync", "close", "rename", "unlink", "mkdir", "rmdir", "dir_fsync", "returned")
+OP_KINDS = ("open", "write", "fsync", "close", "rename", "unlink", "mkdir", "rmdir", "dir_fsync", "returned", "sync")
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,8 @@ class TraceOp:
     ``write`` (``length`` bytes at ``offset``, stored at ``data_offset`` in the rank's data file),
     ``fsync`` (of a file: its data is durable), ``close``, ``rename`` (``path`` -> ``target``,
     replacing it), ``unlink``, ``mkdir``, ``rmdir``, ``dir_fsync`` (the directory's entries are
-    durable), and ``returned`` (the rank's ``save`` returned: a marker, no IO).
+    durable), ``returned`` (the rank's ``save`` returned: a marker, no IO) and ``sync`` (a collective
+    over every rank returned, ``target`` its name: a marker, `resilience.disk.collective_hooks`).
     Paths are relative to the checkpoint directory, with ``/``.
     """
 

@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..disk.collective_hooks import CollectiveHooks
 from ..disk.interception import InterceptedFile
 from ..disk.io_trace import NamespaceHooks, TraceWriter
 from .base import Fault, RankEnvironment
@@ -42,6 +43,7 @@ class PowerLoss(Fault):
         super().__init__(spec)
         self.writer: TraceWriter | None = None
         self.hooks: NamespaceHooks | None = None
+        self.collectives: CollectiveHooks | None = None
 
     def needs_interception(self) -> bool:
         return True
@@ -56,6 +58,9 @@ class PowerLoss(Fault):
         staging = os.environ.get("TMPDIR")  # every harness rank has its own; a bare test may have none
         self.hooks = NamespaceHooks(env.checkpoint_dir, self._namespace_op, staging=Path(staging) if staging else None)
         self.hooks.install()
+        # which collectives the ranks had passed orders their ops the same way in every run
+        self.collectives = CollectiveHooks(lambda name: self._namespace_op("sync", target=name))
+        self.collectives.install()
 
     def _recording(self) -> bool:
         clock = self.env.clock

@@ -67,8 +67,14 @@ def process_state() -> dict:
             children.update(Path(f"/proc/self/task/{task}/children").read_text().split())
         except OSError:
             pass
+    import torch.distributed as dist
+
+    # torch names each new group by a per-process counter, reset only when a formed group is
+    # destroyed: a rendezvous that timed out on one rank leaves its counter ahead of its peers', and
+    # every later group of the pool would wait for keys its peers never write
     return {"threads": sorted(_thread_names()), "children": sorted(children),
-            "signals": [repr(signal.getsignal(signum)) for signum in WATCHED_SIGNALS]}
+            "signals": [repr(signal.getsignal(signum)) for signum in WATCHED_SIGNALS],
+            "groups": dist.get_pg_count()}
 
 
 def _thread_names() -> list[str]:
@@ -95,6 +101,9 @@ def leftovers(before: dict, after: dict) -> list[str]:
         found.append(f"child processes {', '.join(children)}")
     if after["signals"] != before["signals"]:
         found.append("signal handlers changed")
+    if after["groups"] != before["groups"]:
+        found.append(f"process group counter at {after['groups']}, not {before['groups']} (a group that never "
+                     f"formed)")
     return found
 
 

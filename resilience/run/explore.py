@@ -146,7 +146,7 @@ class Explorer:
             restores.close()
         heading = ("crash state with this verdict (the first enumerated, or the smallest Hypothesis shrank to):"
                    if exploration.failing else "worst crash state found:")
-        notes = (exploration.canary_note,) if exploration.canary_note else ()
+        notes = tuple(note for note in (model.order_note, exploration.canary_note) if note)
         verdict = replace(reported.verdict, findings=(exploration.summary(step),) + notes + (heading,) + tuple(
             f"  {line}" for line in reported.description) + reported.verdict.findings)
         (work_dir / "exploration.json").write_text(json.dumps(_report(exploration), indent=1))
