@@ -153,8 +153,8 @@ def test_a_warm_rank_counts_only_the_child_processes_a_restore_started():
     from resilience.rank.warm_rank import leftovers
 
     signals = ["SIG_DFL"]
-    baseline = {"threads": ["python"], "children": ["101"], "signals": signals}
-    assert leftovers(baseline, {"threads": ["python"], "children": ["101"], "signals": signals}) == []
-    assert leftovers(baseline, {"threads": ["python"], "children": ["101", "202"], "signals": signals}) == [
-        "child processes 202"]
+    baseline = {"threads": ["python"], "children": ["101"], "signals": signals, "groups": 0}
+    assert leftovers(baseline, {"threads": ["python"], "children": ["101"], "signals": signals, "groups": 0}) == []
+    assert leftovers(baseline, {"threads": ["python"], "children": ["101", "202"], "signals": signals,
+                                "groups": 0}) == ["child processes 202"]
 
