@@ -403,3 +403,21 @@ print(leftovers(clean, process_state()))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "process group counter at 1, not 0 (a group that never formed)" in out.stdout
+
+
+def test_a_mkdir_that_lost_the_race_for_the_directory_is_traced_too(tmp_path):
+    """Every rank creates the save's directory; which one wins is timing. Each rank's trace holds
+    its mkdir either way, so its ops (and the crash states) are the same in every run."""
+    from resilience.disk.io_trace import NamespaceHooks
+
+    seen = []
+    hooks = NamespaceHooks(tmp_path, lambda kind, **fields: seen.append((kind, fields["path"])))
+    hooks.install()
+    try:
+        os.makedirs(tmp_path / "step_00000008", exist_ok=True)
+        os.makedirs(tmp_path / "step_00000008", exist_ok=True)  # the other rank's, after the winner's
+        with pytest.raises(FileExistsError):
+            os.mkdir(tmp_path / "step_00000008")
+    finally:
+        hooks.uninstall()
+    assert seen == [("mkdir", "step_00000008")] * 3

@@ -222,7 +222,14 @@ class NamespaceHooks:
 
         def path_op(name, kind):
             def hooked(path, *args, **kwargs):
-                result = real[name](path, *args, **kwargs)
+                try:
+                    result = real[name](path, *args, **kwargs)
+                except FileExistsError:
+                    # ranks that all create the save's directory race for it: each one's trace holds
+                    # its mkdir whichever won, so a rank's ops do not depend on the race (a no-op replayed)
+                    if kind == "mkdir" and (relative := self.relative(path, kwargs.get("dir_fd"))) is not None:
+                        self.report(kind, path=relative)
+                    raise
                 relative = self.relative(path, kwargs.get("dir_fd"))
                 if relative is not None:
                     self.report(kind, path=relative)
