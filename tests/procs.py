@@ -13,3 +13,16 @@ def child_pids(pid: int) -> list[int]:
         except OSError:
             pass
     return found
+
+
+def pids_naming(marker: Path) -> list[int]:
+    """Processes whose command line names ``marker`` (a case or cluster directory lives under it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(marker) in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found

@@ -13,7 +13,7 @@ from resilience.core.elastic_layout import Incarnation
 from resilience.errors import ScenarioError
 from resilience.core.case import VerdictKind
 
-from .test_torchrun import our_processes
+from .procs import pids_naming
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py"
 KILL_AFTER_STEP_6 = {"kind": "kill", "rank": 1, "step": 6}
@@ -23,7 +23,7 @@ def qualify(tmp_path, fault, *extra):
     job = BlackBoxJob(script=EXAMPLE, args=("--checkpoint-dir", "{checkpoint_dir}", *extra))
     result = qualify_script(job, fault, work_root=tmp_path)
     assert list(tmp_path.iterdir()) == [], "the run's directory was left behind"
-    assert our_processes(tmp_path) == [], "a rank or torchrun outlived the run"
+    assert pids_naming(tmp_path) == [], "a rank or torchrun outlived the run"
     return result
 
 

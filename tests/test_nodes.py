@@ -24,6 +24,7 @@ from resilience.oracle.outcome import judge_case
 from resilience.report.text import verdict_line
 from resilience.run.harness import Harness
 from resilience.run.nodes_job import FAST_RDZV, run_job_on_nodes
+from tests.procs import pids_naming
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO = REPO / "scenarios" / "node_loss.scenario.yaml"
@@ -192,23 +193,11 @@ def test_a_harness_killed_mid_job_leaves_no_namespace_agent_rank_or_disk(tmp_pat
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         left = [name for name in netns.list_namespaces() if name in namespaces]
-        alive = [pid for pid in _pids_naming(work) if pid != os.getpid()]
+        alive = [pid for pid in pids_naming(work) if pid != os.getpid()]
         if not left and not alive and not (work / "case" / "checkpoints").exists():
             return
         time.sleep(0.2)
     pytest.fail(f"left behind: namespaces {left}, processes {alive}")
-
-
-def _pids_naming(marker: Path) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if str(marker) in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 @needs_nodes

@@ -18,6 +18,7 @@ from resilience.run.harness import Harness
 from resilience.scenario.loader import load_file
 from resilience.errors import SlurmError
 from resilience.launch.slurm_cluster import LocalCluster, slurm_missing
+from tests.procs import pids_naming
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs" / "torchrun.md"
@@ -41,18 +42,6 @@ def job_environment(cluster: LocalCluster) -> dict[str, str]:
     return env
 
 
-def processes_naming(marker: Path) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if str(marker) in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
 @pytest.fixture
 def cluster(tmp_path):
     root = tmp_path / "slurm"
@@ -63,7 +52,7 @@ def cluster(tmp_path):
     finally:
         cluster.stop()  # raises naming any namespace the kernel kept
         assert not [name for name in netns.list_namespaces() if name.startswith(prefix)]
-        assert processes_naming(tmp_path) == [], "a daemon, step or rank outlived the cluster"
+        assert pids_naming(tmp_path) == [], "a daemon, step or rank outlived the cluster"
 
 
 def submit(cluster: LocalCluster, tmp_path: Path, script_text: str) -> tuple[str, Path]:
@@ -182,13 +171,13 @@ def test_a_process_killed_with_its_cluster_running_leaves_no_daemon_and_no_names
                               stdout=subprocess.PIPE, text=True)
     prefix = holder.stdout.readline().strip()  # the cluster is up (start has its own deadline)
     try:
-        assert prefix and len(processes_naming(tmp_path)) >= 4, "munged, slurmctld and two slurmd"
+        assert prefix and len(pids_naming(tmp_path)) >= 4, "munged, slurmctld and two slurmd"
     finally:
         holder.kill()  # no finally block of its own runs: the janitor frees what it registered
         holder.wait()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (processes_naming(tmp_path) or [
+    while time.monotonic() < deadline and (pids_naming(tmp_path) or [
             name for name in netns.list_namespaces() if name.startswith(prefix + "-")]):
         time.sleep(0.1)
-    assert processes_naming(tmp_path) == [], "a daemon outlived the process that started it"
+    assert pids_naming(tmp_path) == [], "a daemon outlived the process that started it"
     assert not [name for name in netns.list_namespaces() if name.startswith(prefix + "-")]

@@ -15,27 +15,15 @@ from resilience.run.torchrun import (TorchrunIncompatible, TorchrunOptions, inco
                                      run_case_under_torchrun, torchrun_command)
 
 from .harness_helpers import case_from
+from .procs import pids_naming
 
 STRATEGIES = "tests.strategies_under_test"
-
-
-def our_processes(marker: Path) -> list[int]:
-    """Processes whose command line names ``marker`` (our case directories live under it)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if str(marker) in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def run_and_check_cleanup(tmp_path: Path, case, **options):
     result = run_case_under_torchrun(case, work_root=tmp_path, **options)
     assert list(tmp_path.iterdir()) == [], "the case directory (and torchrun's torchelastic_* in it) was left behind"
-    assert our_processes(tmp_path) == [], "a rank or torchrun outlived the case"
+    assert pids_naming(tmp_path) == [], "a rank or torchrun outlived the case"
     return result
 
 
