@@ -23,7 +23,7 @@ class Observation:
     """What one run of a case concluded; equal observations mean a repeatable case."""
 
     verdict: str  # a VerdictKind value, or "SKIPPED" / "ERROR" when the case could not run
-    restored_step: int | None  # None for a sampled power_loss search: see observe
+    restored_step: int | None
     status: str  # passed | failed | xfailed | skipped | error
 
 
@@ -44,10 +44,9 @@ def observe(harness: Harness, case: Case) -> Observation:
         return Observation("SKIPPED", None, "skipped")
     except ResilienceError as exc:
         return Observation("ERROR", None, f"error: {type(exc).__name__}")
-    # A power-loss save too large to enumerate is searched: which crash state the search drew (and
-    # so its restored step) depends on how the ranks' writes interleaved. An enumerated one is exact.
-    step = None if result.sampled else result.verdict.restored_step
-    return Observation(result.verdict.kind.value, step, judge_case(result).status)
+    # power-loss cases too: their crash states follow one order of the ranks' ops in every run, and
+    # the search over a save too large to enumerate is derandomized (docs/exploration.md)
+    return Observation(result.verdict.kind.value, result.verdict.restored_step, judge_case(result).status)
 
 
 def repeat(harness: Harness, cases: list[Case], times: int, report: Callable[[str], None]) -> list[Repetition]:
