@@ -41,8 +41,8 @@ def cache(tmp_path_factory):
     return ReferenceCache(tmp_path_factory.mktemp("references"))
 
 
-def run(tmp_path, cache, fault, steps=12, **overrides):
-    case = case_from(fault=fault, workload={"steps": steps}, timeouts={"collective": TIMEOUT_S, "phase": 120},
+def run(tmp_path, cache, fault, steps=12, world_size=2, **overrides):
+    case = case_from(fault=fault, workload={"steps": steps, "world_size": world_size}, timeouts={"collective": TIMEOUT_S, "phase": 120},
                      **overrides)
     try:
         result = Harness(work_root=tmp_path, keep=True, cache=cache).run(case)
@@ -88,6 +88,18 @@ def test_partition_longer_than_the_timeout_is_loud_within_the_timeout_plus_a_mar
     assert error.phase == "first_run" and "Timed out waiting 15000ms" in error.message
     assert TIMEOUT_S - 1 <= error.time - record["applied_at"] <= TIMEOUT_S + MARGIN_S
     assert record["lifted_at"] < record["applied_at"] + 40  # lifted by heal, once the first run ended
+
+
+@needs_network
+def test_a_node_partition_cuts_every_rank_of_the_node_off_the_other_nodes(tmp_path, cache):
+    """``scope: node``: ranks 2 and 3 (node 1 of two) lose the other node in the step-6 all-reduce
+    and time out; their rules spare each other's address, so only the nodes are cut apart."""
+    fault = {**partition(40, phase="train", step=6), "rank": 2, "scope": "node"}
+    result, record = run(tmp_path, cache, fault, world_size=4, expect="fails_loudly", topology={"nodes": 2})
+    assert result.verdict.kind is VerdictKind.LOUD, result.verdict.findings
+    assert record["impaired"] == [2, 3]
+    assert "Timed out waiting 15000ms" in result.verdict.first_error.message
+    assert 'ip saddr != { 10.213.0.4 } drop' in network.Partition.rules(("10.213.0.4",))
 
 
 @needs_network

@@ -9,7 +9,10 @@ At the trigger the rank reports the point and waits; ``supervise`` applies the i
 rank's link, tells the rank (SIGUSR2) so the collective it enters next is already cut, and lifts it
 ``seconds`` later:
 
-- ``partition``: an nftables table in the rank's namespace drops everything in and out of ``veth0``.
+- ``partition``: an nftables table in the rank's namespace drops everything in and out of ``veth0``;
+  with ``scope: node`` every rank the topology places on the trigger rank's node is cut off from the
+  other nodes (``topology.node_of``), while the node's own ranks still reach each other, as over a
+  machine's loopback.
   TCP retransmits what was lost with a doubling timeout (0.2 s, 0.4 s, 0.8 s, ...), so traffic resumes
   at the first retransmission after the rule goes: probed here, a 3 s partition delayed an all-reduce
   3.1 s. Longer than ``timeouts.collective``, the collective times out: loud.
@@ -55,6 +58,7 @@ class NetworkFault(Fault):
         self.record: dict[str, Any] = {}
         self.applied_at: float | None = None
         self.lifted_at: float | None = None
+        self.impaired: tuple[int, ...] = ()  # the ranks whose links the fault cuts or slows
 
     # -- harness side -------------------------------------------------------------------------
     @classmethod
@@ -77,13 +81,17 @@ class NetworkFault(Fault):
             raise FaultUnavailable(reason)
         stale = remove_stale_namespaces()
         self.topology = Topology(env.case.workload.world_size)
+        placement, world = env.case.placement, env.case.workload.world_size
+        node = placement.node_of(self.trigger.rank)
+        self.impaired = (tuple(r for r in range(world) if placement.node_of(r) == node)
+                         if self.spec.params.get("scope") == "node" else (self.trigger.rank,))
         try:
             self.topology.create()
             self.probe()
         except NetworkError as exc:  # e.g. no CAP_NET_ADMIN in a container, no bridge or tbf in the kernel
             raise FaultUnavailable(f"{self.kind}: cannot build the rank network here: {exc}") from None
         self.record = {"kind": self.kind, "switch": self.topology.switch, "ranks": self.topology.ranks,
-                       "subnet": f"{SUBNET}.0/24", "stale_removed": stale}
+                       "subnet": f"{SUBNET}.0/24", "stale_removed": stale, "impaired": list(self.impaired)}
         self._write(env)
 
     def probe(self) -> None:
@@ -93,19 +101,18 @@ class NetworkFault(Fault):
     def supervise(self, events: list[dict], ranks: list) -> None:
         if self.applied_at is None:
             if any(e["event"] == "fault_fired" and e["rank"] == self.trigger.rank for e in events):
-                self.apply(self.topology.ranks[self.trigger.rank])
+                for rank in self.impaired:
+                    self.apply(self.topology.ranks[rank])
                 self.applied_at = time.time()
                 ranks[self.trigger.rank].signal(ACK)
         elif self.lifted_at is None and time.time() >= self.applied_at + self.spec.params["seconds"]:
-            self.lift(self.topology.ranks[self.trigger.rank])
-            self.lifted_at = time.time()
+            self._lift_all()
 
     def heal(self, env: CaseEnvironment) -> None:
         if self.topology is None:
             return
         if self.applied_at is not None and self.lifted_at is None:  # the first run ended first
-            self.lift(self.topology.ranks[self.trigger.rank])
-            self.lifted_at = time.time()
+            self._lift_all()
         self.record.update(applied_at=self.applied_at, lifted_at=self.lifted_at, counters=self.topology.counters())
         self._write(env)
 
@@ -117,6 +124,11 @@ class NetworkFault(Fault):
         self._write(env)
         if left:
             raise NetworkError(f"network namespaces left behind after teardown: {', '.join(left)}")
+
+    def _lift_all(self) -> None:
+        for rank in self.impaired:
+            self.lift(self.topology.ranks[rank])
+        self.lifted_at = time.time()
 
     def _write(self, env: CaseEnvironment) -> None:
         (env.case_dir / RECORD).write_text(json.dumps(self.record, indent=1))
@@ -156,22 +168,30 @@ class Partition(NetworkFault):
     """Every packet in and out of ``rank``'s link dropped for ``seconds`` (nftables)."""
 
     kind = "partition"
-    params: ClassVar[dict] = {"seconds": (float, None)}
+    params: ClassVar[dict] = {"seconds": (float, None), "scope": (("rank", "node"), "rank")}
     tools: ClassVar[dict[str, str]] = {"nft": "nftables"}
 
-    RULES = (f"table inet {NFT_TABLE} {{\n"
-             f"  chain input {{ type filter hook input priority filter; policy accept; "
-             f"iifname \"{IFNAME}\" drop; }}\n"
-             f"  chain output {{ type filter hook output priority filter; policy accept; "
-             f"oifname \"{IFNAME}\" drop; }}\n"
-             "}\n")
+    @staticmethod
+    def rules(spared: tuple[str, ...] = ()) -> str:
+        """The nftables table: drop everything through the link but traffic with ``spared`` addresses."""
+        keep = (f"ip saddr != {{ {', '.join(spared)} }} ", f"ip daddr != {{ {', '.join(spared)} }} ") if spared \
+            else ("", "")
+        return (f"table inet {NFT_TABLE} {{\n"
+                f"  chain input {{ type filter hook input priority filter; policy accept; "
+                f"iifname \"{IFNAME}\" {keep[0]}drop; }}\n"
+                f"  chain output {{ type filter hook output priority filter; policy accept; "
+                f"oifname \"{IFNAME}\" {keep[1]}drop; }}\n"
+                "}\n")
 
     def probe(self) -> None:
-        run_command(["ip", "netns", "exec", self.topology.switch, "nft", "-f", "-"], self.RULES)
+        run_command(["ip", "netns", "exec", self.topology.switch, "nft", "-f", "-"], self.rules(("10.0.0.1",)))
         run_command(["ip", "netns", "exec", self.topology.switch, "nft", "delete", "table", "inet", NFT_TABLE])
 
     def apply(self, link: dict) -> None:
-        run_command(["ip", "netns", "exec", link["namespace"], "nft", "-f", "-"], self.RULES)
+        # a node's ranks keep talking to each other (one machine); only other nodes are cut off
+        mates = tuple(self.topology.ranks[rank]["address"] for rank in self.impaired
+                      if self.topology.ranks[rank] is not link) if len(self.impaired) > 1 else ()
+        run_command(["ip", "netns", "exec", link["namespace"], "nft", "-f", "-"], self.rules(mates))
 
     def lift(self, link: dict) -> None:
         run_command(["ip", "netns", "exec", link["namespace"], "nft", "delete", "table", "inet", NFT_TABLE])
