@@ -146,11 +146,14 @@ def test_the_cluster_configuration_names_each_node_with_its_own_port_and_paths(t
     assert "NodeName=node0 NodeAddr=10.213.0.1 Port=6818 " in conf
     assert "NodeName=node1 NodeAddr=10.213.0.2 Port=6819 " in conf
     assert "SlurmctldHost=ctl(10.213.0.3)" in conf
-    for key in ("SlurmdSpoolDir", "SlurmdPidFile", "SlurmdLogFile"):
+    for key in ("SlurmdPidFile", "SlurmdLogFile"):
         line = next(line for line in conf.splitlines() if line.startswith(key + "="))
         assert line.startswith(f"{key}={tmp_path / 'slurm'}") and "%n" in line, line
+    # sockets (munged's, slurmstepd's in the spool) must fit a Unix socket path of 108 bytes
+    spool = next(line for line in conf.splitlines() if line.startswith("SlurmdSpoolDir="))
+    assert spool == f"SlurmdSpoolDir={cluster.sockets}/%n" and len(str(cluster.sockets)) < 40
     assert "ProctrackType=proctrack/linuxproc" in conf and "TaskPlugin=task/none" in conf
-    assert f"AuthInfo=socket={tmp_path / 'slurm' / 'run' / 'munge.socket'}," in conf
+    assert f"AuthInfo=socket={cluster.sockets / 'munge.socket'}," in conf
     with pytest.raises(SlurmError, match="at least one node; got nodes=0"):
         LocalCluster(tmp_path, nodes=0)
 

@@ -103,11 +103,17 @@ def _single_pickle(path: Path) -> Any:
     return original
 
 
+MTIME_TICK_S = 0.05
+
+
 def when(ran_at: float, phases: tuple[PhaseResult, ...]) -> str:
     """The part of the case during which a payload ran, from the canary's time and the restart's events."""
     restart = next((phase for phase in phases if phase.name == RESTART), None)
     joined = [event["time"] for event in restart.events("joined")] if restart else []
-    if not joined or ran_at < min(joined):
+    # a file's mtime comes from the kernel's coarse clock, up to a tick (4-10 ms) behind time.time():
+    # a payload run a few ms after the rank joined can carry an mtime before it, while the first
+    # run ended seconds earlier
+    if not joined or ran_at < min(joined) - MTIME_TICK_S:
         return "the first run (before the restart began)"
     restored = [event["time"] for event in restart.events("restored")]
     if not restored or ran_at <= max(restored):

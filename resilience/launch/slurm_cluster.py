@@ -18,13 +18,14 @@ machines, and nothing in them is changed. The controller and munged live in one 
 Nothing stays behind: every daemon leads a process group registered with the janitor, every
 namespace is registered (the janitor kills what runs in it before deleting it), and `stop` SIGKILLs
 every process in every namespace of the cluster (slurmstepd and a job's tasks leave the daemons'
-process groups), then deletes the namespaces (`Nodes.destroy`). The spool, state, logs and sockets
-are under ROOT. The pid space stays the machine's: a node_loss fault in a rank finds every process of
+process groups), then deletes the namespaces (`Nodes.destroy`). The state and logs are under ROOT,
+the sockets and spools in a short directory of /tmp of their own. The pid space stays the machine's: a node_loss fault in a rank finds every process of
 its node (slurmd and slurmstepd included) by network namespace, as ``RESILIENCE_NODE_NAMESPACE`` names
 it; a TaskProlog puts that and ``RESILIENCE_NODE`` into every task's environment.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -98,13 +99,19 @@ class LocalCluster:
         self.controller = SlurmNode(CONTROLLER, controller.index, controller.address, CONTROLLER_PORT,
                                     controller.namespace)
         self.conf = self.root / "slurm.conf"
-        self.socket = self.root / "run" / "munge.socket"
+        # Unix sockets live here (munged's, slurmstepd's in the spool): a path over 108 bytes cannot
+        # be one ("Unix socket name exceeded maximum length" ends every job step), and a pytest
+        # directory under xdist is longer than that; so they get a short directory of their own
+        self.sockets = Path("/tmp") / f"rslurm-{hashlib.sha1(str(self.root).encode()).hexdigest()[:12]}"
+        self.socket = self.sockets / "munge.socket"
         self._daemons: dict[str, subprocess.Popen] = {}
 
     # -- start and stop ---------------------------------------------------------------------------
     def start(self, timeout_s: float = START_TIMEOUT_S) -> LocalCluster:
-        for sub in ("run", "log", "state", "spool"):
+        for sub in ("run", "log", "state"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+        janitor.register("dir", self.sockets)
+        self.sockets.mkdir(exist_ok=True)
         key = self.root / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
@@ -143,6 +150,8 @@ class LocalCluster:
                 daemon.wait(timeout=COMMAND_TIMEOUT_S)  # SIGKILLed with their machine: reaped here
                 janitor.release("pgid", daemon.pid)
             self._daemons.clear()
+            shutil.rmtree(self.sockets, ignore_errors=True)
+            janitor.release("dir", self.sockets)
 
     def __enter__(self) -> LocalCluster:
         return self.start()
@@ -227,7 +236,7 @@ class LocalCluster:
             # cred_expire: a requeued job waits this long before it may start again (default 120 s)
             f"AuthInfo=socket={self.socket},cred_expire={CRED_EXPIRE_S}",
             f"StateSaveLocation={root / 'state'}",
-            f"SlurmdSpoolDir={root / 'spool' / '%n'}",
+            f"SlurmdSpoolDir={self.sockets / '%n'}",
             f"SlurmctldPidFile={root / 'run' / 'slurmctld.pid'}", f"SlurmdPidFile={root / 'run' / 'slurmd.%n.pid'}",
             f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}", f"SlurmdLogFile={root / 'log' / 'slurmd.%n.log'}",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SwitchType=switch/none",
