@@ -24,11 +24,12 @@ COLLECTIVES = ("barrier", "monitored_barrier", "all_reduce", "broadcast", "reduc
 
 
 class CollectiveHooks:
-    """Calls ``report(name)`` after each blocking whole-world collective returns in this process.
+    """Calls ``report(name)`` after each blocking whole-world collective returns in this process
+    while ``active()`` says so (a save is being traced: training's all-reduces pay one call).
     Installed once per rank process; ``uninstall`` restores the originals."""
 
-    def __init__(self, report: Callable[[str], None]):
-        self.report = report
+    def __init__(self, report: Callable[[str], None], active: Callable[[], bool] = lambda: True):
+        self.report, self.active = report, active
         self._saved: list[tuple[Any, str, Any]] = []
         self._depth = threading.local()
 
@@ -57,7 +58,7 @@ class CollectiveHooks:
                 result = real(*args, **kwargs)
             finally:
                 self._depth.value = depth
-            if depth == 0:
+            if depth == 0 and self.active():
                 bound = signature.bind_partial(*args, **kwargs).arguments
                 if not bound.get("async_op") and _whole_world(dist, bound.get("group")):
                     self.report(name)

@@ -26,19 +26,17 @@ def canonical(ops_per_rank: list[list[TraceOp]]) -> tuple[list[list[TraceOp]], s
     """Each rank's ops without the sync markers, with ``time_ns`` replaced by the op's position in
     the order above (so every ``op.order`` follows it), and "" or why the clock's order was kept."""
     epochs = [_epochs(ops) for ops in ops_per_rank]
+    kept = [[op for op in ops if op.kind != SYNC] for ops in ops_per_rank]
     counts = {len(rank_epochs) for rank_epochs in epochs}
     if len(counts) > 1:
         note = ("the ranks' traces hold different numbers of collectives ("
                 + ", ".join(f"rank {rank}: {len(e) - 1}" for rank, e in enumerate(epochs))
                 + "): the ops keep the order of the traced run's clock, which another run may interleave otherwise")
-        kept = [[op for op in ops if op.kind != SYNC] for ops in ops_per_rank]
-        ordered = sorted((op for ops in kept for op in ops), key=lambda op: op.order)
-        return _positioned(kept, ordered), note
+        return _positioned(kept, sorted((op for ops in kept for op in ops), key=lambda op: op.order)), note
     ordered = []
     for epoch in range(counts.pop() if counts else 0):
         turns = itertools.zip_longest(*(rank_epochs[epoch] for rank_epochs in epochs))
         ordered.extend(op for turn in turns for op in turn if op is not None)
-    kept = [[op for op in ops if op.kind != SYNC] for ops in ops_per_rank]
     return _positioned(kept, ordered), ""
 
 

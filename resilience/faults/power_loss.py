@@ -59,7 +59,7 @@ class PowerLoss(Fault):
         self.hooks = NamespaceHooks(env.checkpoint_dir, self._namespace_op, staging=Path(staging) if staging else None)
         self.hooks.install()
         # which collectives the ranks had passed orders their ops the same way in every run
-        self.collectives = CollectiveHooks(lambda name: self._namespace_op("sync", target=name))
+        self.collectives = CollectiveHooks(lambda name: self._record("sync", target=name), self._recording)
         self.collectives.install()
 
     def _recording(self) -> bool:
