@@ -108,11 +108,10 @@ class Run:
             try:
                 if needle not in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
                     continue
-                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
                 command = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")[:120]
-            except (OSError, IndexError):
+            except OSError:
                 continue
-            if state != "Z":
+            if _running(int(entry)):
                 found[int(entry)] = command.decode(errors="replace")
         return found
 
@@ -156,7 +155,16 @@ class Run:
         try:
             self.pytest.wait(timeout=EXIT_DEADLINE_S)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"pytest still running {EXIT_DEADLINE_S} s after the interrupt:\n"
+            # where it waits: pytest's faulthandler prints every thread's stack on SIGABRT
+            left = sorted(self.marked_processes().items())
+            states = {pid: _state(pid) for pid, _ in left}
+            os.kill(self.pytest.pid, signal.SIGABRT)
+            try:
+                self.pytest.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            raise AssertionError(f"pytest still running {EXIT_DEADLINE_S} s after the interrupt; its processes "
+                                 f"(pid: state, command): {[(pid, states[pid], cmd) for pid, cmd in left]}\n"
                                  f"{self.output()}") from None
 
     def leftovers(self) -> dict[str, list]:
@@ -171,7 +179,7 @@ class Run:
 
     def output(self) -> str:
         self.log.flush()
-        return (self.root / "pytest.log").read_text(errors="replace")[-3000:]
+        return (self.root / "pytest.log").read_text(errors="replace")[-6000:]
 
     def stop(self) -> None:
         """Whatever happened: end this run's own process groups (pytest's, and each leftover rank's,
@@ -196,12 +204,17 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
+def _state(pid: int) -> str:
+    """The process's state letter (R, S, D, T, Z, ...), or "gone"."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
 def _running(pid: int) -> bool:
     """Alive and not a zombie (an orphan's exit status waits for init to collect it)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    return _state(pid) not in ("Z", "gone")
 
 
 def _netns() -> list[str]:
