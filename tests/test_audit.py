@@ -7,7 +7,7 @@ import yaml
 
 from resilience.commands.cli import main
 from resilience.fuzz.audit import Draw, simpler
-from resilience.planted.audit_command import Auditor
+from resilience.planted.audit_command import FAILS_CONTROL, Auditor
 from resilience.planted.catalogue import CATCHERS
 from resilience.run.harness import Harness
 from resilience.scenario.loader import load_document
@@ -49,13 +49,21 @@ def test_the_audit_finds_and_shrinks_a_bug_that_needs_four_checkpoints(tmp_path)
     assert replayed.verdict.kind.value == "LOUD" and "ckpt-10" in replayed.verdict.first_error.message
 
 
+def test_a_draw_the_correct_twin_fails_too_is_not_counted(tmp_path):
+    # torch.per_rank keeps no checksums: a flipped bit loads as wrong state (SILENT), whoever saved it
+    auditor = Auditor(Harness(work_root=tmp_path), "torch.per_rank", control="torch.per_rank", report=print)
+    flipped = Draw(world_size=2, steps=8, every=4, fault="bit_flip", rank=1, step=8, distinct_streams=False)
+    assert auditor.judge(flipped) == FAILS_CONTROL
+    assert auditor.control_failures() == [flipped] and auditor.real_runs == 2
+
+
 def test_planted_bugs_go_through_the_audit_and_the_correct_base_passes(tmp_path):
     harness = Harness(work_root=tmp_path)
-    bugs = [LAYOUT + name for name in ("KeepsThreeDropsOldest", "TrustsCurrent", "UnpicklesShards")] + [
-        "resilience.planted.state_bugs:ForgetsOptimizer", "resilience.planted.state_bugs:LoadsOldest"]
+    bugs = {LAYOUT + name: LAYOUT + "OtherLayout" for name in ("KeepsThreeDropsOldest", "TrustsCurrent", "UnpicklesShards")}
+    bugs.update({"resilience.planted.state_bugs:" + name: "torch.per_rank" for name in ("ForgetsOptimizer", "LoadsOldest")})
     caught = []
-    for bug in bugs:
-        found, _ = Auditor(harness, bug, report=print).audit("ci", runs=3, shrink_runs=0)
+    for bug, control in bugs.items():
+        found, _ = Auditor(harness, bug, control=control, report=print).audit("ci", runs=3, shrink_runs=0)
         if found is not None:
             caught.append(bug)
     print(f"audit, 3 runs each: caught/planted = {len(caught)}/{len(bugs)}: {caught}")

@@ -11,7 +11,8 @@ never acts on the strategy is rejected, not counted as passed.
 
 Budgets are in real runs: ``search`` for Hypothesis's generation (shrinking is off there), then
 ``shrink`` for the greedy shrink below, which tries one-step-simpler draws and keeps the first
-that is still caught, until none is or the budget is spent.
+that is still caught, until none is or the budget is spent. ``runs()`` says how many real runs the
+judge has made so far (a correct twin run beside a caught draw counts too).
 """
 from __future__ import annotations
 
@@ -119,18 +120,21 @@ class Found(Exception):
         self.draw, self.trial = found, trial
 
 
-def search(judge: Callable[[Draw], str], profile: str, budget: int, key: int = 0) -> Draw | None:
+def search(judge: Callable[[Draw], str], profile: str, budget: int, key: int = 0,
+           runs: Callable[[], int] | None = None) -> Draw | None:
     """Hypothesis's generation over ``draws()`` with at most ``budget`` real runs. ``judge``
-    returns the `run_trial` judgement: "caught" ends the search, "not applicable" rejects the draw.
-    Under the derandomized ``ci`` profile the draws come from the seed ``key`` (the strategy's
-    name, say): reproducible, yet not the same few draws for every strategy."""
+    returns the `run_trial` judgement: "caught" ends the search, anything but "accepted" (the fault
+    never acted, the correct twin fails it too) rejects the draw. Under the derandomized ``ci``
+    profile the draws come from the seed ``key`` (the strategy's name, say): reproducible, yet not
+    the same few draws for every strategy."""
     judged: dict[Draw, str] = {}  # Hypothesis replays a failing draw (and may draw one twice): run each once
     caught: list[Draw] = []
+    spent = runs or (lambda: len(judged))
 
     @given(draws())
     def check(candidate: Draw) -> None:
         if candidate not in judged:
-            if len(judged) >= budget:
+            if spent() >= budget:
                 return  # the budget is spent: Hypothesis draws on, nothing runs
             judged[candidate] = judge(candidate)
         assume(judged[candidate] in ("caught", "accepted"))  # a fault that never acted, or a harness error
@@ -175,18 +179,22 @@ def simpler(d: Draw) -> Iterator[Draw]:
         yield replace(d, distinct_streams=False)
 
 
-def shrink(found: Draw, judge: Callable[[Draw], str], budget: int) -> tuple[Draw, int]:
+def shrink(found: Draw, judge: Callable[[Draw], str], budget: int,
+           runs: Callable[[], int] | None = None) -> tuple[Draw, int]:
     """The smallest draw still caught that ``budget`` runs reach, and the runs spent."""
-    spent, improved = 0, True
-    while improved and spent < budget:
+    tried = [0]
+    before = runs() if runs else 0
+    spent = (lambda: runs() - before) if runs else (lambda: tried[0])
+    improved = True
+    while improved and spent() < budget:
         improved = False
         for candidate in simpler(found):
             if candidate.size() >= found.size() or not candidate.checkpoints:
                 continue
-            if spent >= budget:
+            if spent() >= budget:
                 break
-            spent += 1
+            tried[0] += 1
             if judge(candidate) == "caught":
                 found, improved = candidate, True
                 break
-    return found, spent
+    return found, spent()
