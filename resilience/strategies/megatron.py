@@ -37,6 +37,18 @@ from .megatron_layout import checkpoint_file, tracked_iteration, write_tracker
 CHECKPOINT_VERSION = 3.0
 
 
+
+def agreed_iteration(checkpoint_dir) -> int | None:
+    """Megatron's read_metadata, every rank: the tracker's iteration, the ranks agreeing on the
+    maximum (an all-reduce); None (after a barrier) when there is no tracker."""
+    iteration = tracked_iteration(checkpoint_dir)
+    if iteration is None:
+        dist.barrier()
+        return None
+    newest = torch.tensor([iteration], device=rank_device())  # a CUDA tensor under NCCL
+    dist.all_reduce(newest, op=dist.ReduceOp.MAX)
+    return int(newest)
+
 class MegatronCheckpoint(CheckpointStrategy):
     """Megatron-LM's ``mp_rank_XX`` checkpoints of a model-parallel workload (``tp_mlp``)."""
 
@@ -81,13 +93,9 @@ class MegatronCheckpoint(CheckpointStrategy):
         dist.barrier()
 
     def load(self, workload: Workload) -> None:
-        iteration = tracked_iteration(self.context.checkpoint_dir)
+        iteration = agreed_iteration(self.context.checkpoint_dir)
         if iteration is None:
-            dist.barrier()
             return
-        newest = torch.tensor([iteration], device=rank_device())  # a CUDA tensor under NCCL
-        dist.all_reduce(newest, op=dist.ReduceOp.MAX)  # as read_metadata: ranks agree on the maximum
-        iteration = int(newest)
         path = checkpoint_file(self.context.checkpoint_dir, iteration, self.coords.tp, self.coords.pp,
                                self.topology.pp)
         saved = torch.load(path, weights_only=True)

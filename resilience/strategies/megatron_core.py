@@ -45,14 +45,13 @@ import json
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-import torch
 import torch.distributed as dist
 
-from ..core.device import rank_device
 from ..workloads.base import Workload
 from .base import CheckpointStrategy
 from .megatron_core_cpu import apply_cpu_stubs
-from .megatron_layout import iteration_dir, tracked_iteration, write_tracker
+from .megatron import agreed_iteration
+from .megatron_layout import iteration_dir, write_tracker
 
 # megatron-core's StrictHandling values that leave load's return value a state dict
 STRICT_MODES = ("assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpected", "raise_all", "ignore_all")
@@ -141,13 +140,10 @@ class MegatronCoreCheckpoint(CheckpointStrategy):
     def load(self, workload: Workload) -> None:
         from megatron.core import dist_checkpointing
 
-        iteration = tracked_iteration(self.context.checkpoint_dir)
+        iteration = agreed_iteration(self.context.checkpoint_dir)
         if iteration is None:
-            dist.barrier()
             return
-        newest = torch.tensor([iteration], device=rank_device())  # a CUDA tensor under NCCL
-        dist.all_reduce(newest, op=dist.ReduceOp.MAX)
-        directory = str(iteration_dir(self.context.checkpoint_dir, int(newest)))
+        directory = str(iteration_dir(self.context.checkpoint_dir, iteration))
         loaded = dist_checkpointing.load(workload.sharded_state_dict(loading=True), directory,
                                          self._load_strategy(directory),
                                          strict=self.context.options.get("strict", "assume_ok_unexpected"))
