@@ -12,6 +12,7 @@ from ..core.case import Case
 from ..faults.base import Fault
 
 STARTUP_S = 120.0  # torchrun's start, rendezvous and `import torch` on busy machines
+STANDBY_S = 1800.0
 ENTRY_MODULE = "resilience.rank.elastic_entry"
 
 
@@ -32,6 +33,9 @@ class TorchrunOptions:
     local_addr: str | None = None  # ``--local-addr``: this node's address (rank order follows it)
     min_nodes: int | None = None  # elastic: ``--nnodes MIN:MAX`` with MAX = nnodes
     join: bool = False  # the case directory is already being run by other nodes (a spare joining)
+    #: a spare standing by: its driver is ready, and starts its agent once this file exists (the
+    #: moment the scheduler hands the node to the job), at most STANDBY_S seconds later
+    standby: Path | None = None
 
     def ranks_per_node(self, case: Case) -> int:
         return self.nproc_per_node if self.nproc_per_node is not None else case.workload.world_size // self.nnodes
