@@ -105,3 +105,50 @@ def test_the_grown_plan_is_written_only_for_an_elastic_job(tmp_path):
     assert [layout.plan(Incarnation(0, i), RESTART).world_size for i in (1, 2)] == [2, 4]
     assert incarnation == Incarnation(0, 2) and layout.round_size(incarnation) == 4
     assert events(tmp_path / "missing.jsonl") == []
+
+
+NODE_NETWORK = Path(__file__).resolve().parents[1] / "scenarios" / "node_network.scenario.yaml"
+PARTITION = "fault.kind=partition"
+STALL = ("fault.kind=stall,fault.rank=2,fault.step=8,fault.phase=save,fault.seconds=3,fault.scope=node,"
+         "timeouts.collective=20,timeouts.phase=90")
+
+
+@needs_nodes
+@pytest.mark.parametrize("case_id, line, note", [
+    (PARTITION, "PASSED LOUD      expected LOUD      ", "node 1 cut off the other nodes by its driver"),
+    (STALL, "PASSED RECOVERED expected RECOVERED ", "node 1 frozen: rank 2 stopped itself, ranks [3] stopped with it"),
+], ids=["partition", "stall"])
+def test_a_node_cut_off_or_frozen_in_the_multi_node_job_gives_every_driver_the_same_verdict(tmp_path, case_id,
+                                                                                           line, note):
+    """scope: node under torchrun: node 1's driver drives the fault for its own ranks, in its own
+    namespace; the scenario's verdict for the local harness is the expected one (scenarios/)."""
+    from resilience.run.nodes_job import run_job_on_nodes
+
+    job = run_job_on_nodes(NODE_NETWORK, case_id, nodes=2, nproc_per_node=2, work_dir=tmp_path / "job",
+                           share_store=False, deadline_s=240)
+    assert_nothing_left(job)
+    assert not job.timed_out and [n.index for n in job.survivors()] == [0, 1], [n.output for n in job.nodes]
+    lines = [n.verdict_line for n in job.nodes]
+    assert lines[0] == lines[1] and lines[0].startswith(line), [n.output for n in job.nodes]
+    # only the trigger's node's driver acted, and says so
+    assert note in job.nodes[1].output and note not in job.nodes[0].output, [n.output for n in job.nodes]
+    fired = [e for r in phase_events(job.case_dir, "launch0.restart0", "first_run").values() for e in r
+             if e["event"] == "fault_fired"]
+    assert [(e["rank"], e["kind"]) for e in fired] == [(2, case_id.split(",")[0].split("=")[1])]
+    if case_id == PARTITION:
+        record = json.loads((job.case_dir / "network.node1.json").read_text())
+        assert json.loads((job.case_dir / "network.node0.json").read_text())["applied_at"] is None
+        first_run = phase_events(job.case_dir, "launch0.restart0", "first_run")
+        errors = [e for r in first_run.values() for e in r if e["event"] == "error"]
+        assert sorted({e["rank"] for e in errors}) == [0, 1, 2, 3]  # every rank's all-reduce timed out
+        restart = phase_events(job.case_dir, "launch0.restart1", "restart")
+        began = min(b[0]["time"] for b in restart.values())
+        # node 1's agent was cut off the store on node 0 for the restart's rendezvous too: the
+        # restarted group (both nodes again) began only after the rule was lifted
+        assert began > record["lifted_at"] and {b[0]["node"] for b in restart.values()} == {"0", "1"}
+        print(f"partition: applied {record['applied_at'] - fired[0]['time']:.2f} s after the trigger, lifted "
+              f"{record['lifted_at'] - fired[0]['time']:.1f} s, restart began {began - fired[0]['time']:.1f} s")
+    else:  # the save of step 8 returned on every rank once node 1 was resumed, about 3 s late
+        first_run = phase_events(job.case_dir, "launch0.restart0", "first_run")
+        returned = [e["time"] for r in first_run.values() for e in r if e["event"] == "save_returned" and e["step"] == 8]
+        assert len(returned) == 4 and min(returned) - fired[0]["time"] >= 3.0

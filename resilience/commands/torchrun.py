@@ -52,8 +52,9 @@ def torchrun_main(args: argparse.Namespace) -> int:
             startup_s=args.startup, rdzv_conf=args.rdzv_conf, local_addr=args.local_addr,
             min_nodes=args.nnodes[0], join=args.join, standby=args.standby)
 
-    # an elastic job's findings say what each membership change did (a spare grown back in, say)
-    return 1 if run_and_report(cases, run_case, show_findings=args.nnodes[0] is not None) + failures else 0
+    # on several nodes the findings say what each node's driver saw (a spare grown back in, a node frozen)
+    several = args.nnodes[0] is not None or args.nnodes[1] > 1
+    return 1 if run_and_report(cases, run_case, show_findings=several) + failures else 0
 
 
 def _nnodes(text: str) -> tuple[int | None, int]:

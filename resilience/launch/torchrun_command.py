@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import registry
 from ..core.case import Case
+from ..errors import HarnessError
 from ..faults.base import Fault
 
 STARTUP_S = 120.0  # torchrun's start, rendezvous and `import torch` on busy machines
@@ -59,6 +61,15 @@ def torchrun_command(case: Case, options: TorchrunOptions, case_dir: Path, launc
 
 
 
+def stand_by(options: TorchrunOptions) -> None:
+    """A spare standing by waits for its turn (``options.standby`` exists) before its agent starts."""
+    until = time.monotonic() + STANDBY_S
+    while options.standby is not None and not Path(options.standby).exists():
+        if time.monotonic() > until:
+            raise HarnessError(f"--standby {options.standby}: not created within {STANDBY_S:g} s")
+        time.sleep(0.1)
+
+
 def incompatibility(case: Case, options: TorchrunOptions = TorchrunOptions()) -> str | None:
     """Why the case cannot run as one torchrun job, or None. The agent restarts a group at the size
     and rank layout it had, with the interpreter it was started with, and nothing outside the
@@ -89,10 +100,16 @@ def incompatibility(case: Case, options: TorchrunOptions = TorchrunOptions()) ->
     if getattr(fault, "acts_in_its_node", False) and options.nnodes == 1:
         return (f"{where}: fault {case.fault.kind} ends a whole node; under torchrun that needs several nodes "
                 f"(allowed: nnodes >= 2, each node a network namespace: resilience.launch.nodes)")
-    if fault.supervises and not getattr(fault, "acts_in_its_node", False):
+    node_wide = getattr(fault, "node_scoped", False) and case.fault.params.get("scope") == "node"
+    if node_wide and options.nnodes == 1:
+        return (f"{where}: fault {case.fault.kind} with scope node is driven by the driver of the trigger's node; "
+                f"under torchrun that needs several nodes (allowed: nnodes >= 2, each node a network namespace: "
+                f"resilience.launch.nodes)")
+    if fault.supervises and not getattr(fault, "acts_in_its_node", False) and not node_wide:
         return (f"{where}: fault {case.fault.kind} is driven from outside the ranks while they run "
-                f"(signals, network rules); under torchrun faults act only from inside the ranks")
-    if fault.heal is not Fault.heal:
+                f"(signals, network rules); under torchrun faults act only from inside the ranks, "
+                f"or with several nodes a stall or partition of scope node (its node's driver drives it)")
+    if fault.heal is not Fault.heal and not node_wide:
         return (f"{where}: fault {case.fault.kind} is repaired between the first run and the restart "
                 f"(heal), a moment torchrun's agent does not offer")
     return None

@@ -39,7 +39,7 @@ def superseded(layout: TorchrunLayout, incarnation: Incarnation) -> bool:
 
 
 def judge_job(case: Case, phases: list[PhaseResult], continuation: list[PhaseResult], found: tuple[str, ...],
-              intact: int | None) -> Verdict:
+              intact: int | None, noted: tuple[str, ...] = ()) -> Verdict:
     """The verdict of an elastic job: its first restore, and the restore of a group grown back
     after it; a first restore by a group already grown back (the smaller one was superseded) is
     judged at the first run's size."""
@@ -47,12 +47,12 @@ def judge_job(case: Case, phases: list[PhaseResult], continuation: list[PhaseRes
     if is_grown(case, restart):
         note = (f"the job grown back to {restart.world_size} ranks restored first (the smaller group was torn "
                 f"down for the spare before it restored): judged against the reference at that size",)
-        return judge(grown_case(case), reference, first_run, restart, fault_findings=found, fault_notes=note,
+        return judge(grown_case(case), reference, first_run, restart, fault_findings=found, fault_notes=note + noted,
                      intact_step=intact)
     grown = next((p for p in phases[3:] if is_grown(case, p)), None)
     grown_found, grown_notes = judge_grown(case, reference, first_run, restart, grown) if grown else ((), ())
     return judge(case, reference, first_run, restart, *continuation, fault_findings=found + grown_found,
-                 fault_notes=grown_notes, intact_step=intact)
+                 fault_notes=grown_notes + noted, intact_step=intact)
 
 
 def grown_case(case: Case) -> Case:

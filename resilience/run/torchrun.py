@@ -29,7 +29,7 @@ from ..core import janitor, registry
 from ..launch.backend import rank_environment
 from ..core.elastic_layout import LAUNCH_ENV, Incarnation, TorchrunLayout
 from ..errors import HarnessError, ResilienceError, StrategyUnavailable, TorchrunIncompatible
-from ..faults.base import CaseEnvironment
+from ..faults.base import CaseEnvironment, Fault
 from ..core.records import CaseResult, PhaseResult
 from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
 from ..core.case import Case
@@ -39,7 +39,7 @@ from ..oracle.judge import judge
 from ..core.topology import NODE_LOCAL
 from .elastic_grow import is_grown, judge_job, superseded
 from .local_probe import continue_in_local_ranks, probe_in_local_ranks
-from ..launch.torchrun_command import STANDBY_S, STARTUP_S, TorchrunOptions, incompatibility, torchrun_command
+from ..launch.torchrun_command import STARTUP_S, TorchrunOptions, incompatibility, stand_by, torchrun_command
 from .supervisor import AgentLaunch, supervise
 
 __all__ = ["STARTUP_S", "TorchrunOptions", "incompatibility", "run_case_under_torchrun", "torchrun_command"]
@@ -87,7 +87,7 @@ class _Driver:
         self._launches: list[int] = []
 
     def run(self) -> CaseResult:
-        self._stand_by()
+        stand_by(self.options)
         self._prepare()
         fault = registry.resolve("fault", self.case.fault.kind)(self.case.fault)
         env = CaseEnvironment(case=self.case, case_dir=self.layout.case_dir, checkpoint_dir=self.layout.checkpoint_dir)
@@ -96,7 +96,7 @@ class _Driver:
             fault.setup(env)
             for launch in (0, 1):
                 self._launches.append(launch)
-                hang = self._launch(launch)
+                hang = self._launch(launch, fault if getattr(fault, "node_scoped", False) else None)
                 if hang or not self._needs_resume():
                     break
             phases = self._phases(hang)
@@ -105,19 +105,12 @@ class _Driver:
                               if self._sees_every_file() else (None, ()))
             continuation = self._continuation(phases[2])
             found = fault.findings(env, tuple(phases + continuation))
+            noted = fault.notes(env, tuple(phases + continuation))  # what this node's driver saw it do
         finally:
             fault.teardown(env)
-        verdict = judge_job(self.case, phases, continuation, found, intact)
+        verdict = judge_job(self.case, phases, continuation, found, intact, noted)
         return CaseResult(case=self.case, verdict=verdict, phases=tuple(phases + continuation) + probes,
                           work_dir=self.layout.case_dir)
-
-    def _stand_by(self) -> None:
-        """A spare standing by waits for its turn (``options.standby``) before its agent starts."""
-        until = time.monotonic() + STANDBY_S
-        while self.options.standby is not None and not Path(self.options.standby).exists():
-            if time.monotonic() > until:
-                raise HarnessError(f"--standby {self.options.standby}: not created within {STANDBY_S:g} s")
-            time.sleep(0.1)
 
     def _snapshots(self) -> Path:
         return self.layout.case_dir / "snapshots"
@@ -186,7 +179,8 @@ class _Driver:
         return env
 
     # -- while it runs ----------------------------------------------------------------------------
-    def _launch(self, launch: int) -> _Hang | None:
+    def _launch(self, launch: int, supervisor: Fault | None = None) -> _Hang | None:
+        """``supervisor``: a node-wide fault this node's driver drives for its own ranks (`stall`, `partition`)."""
         group = AgentLaunch(torchrun_command(self.case, self.options, self.layout.case_dir, launch),
                             self._environment(launch), self.layout.torchrun_log(launch, self.options.local_addr),
                             lambda: self._event_files(launch), marker=str(self.layout.case_dir))
@@ -196,7 +190,11 @@ class _Driver:
             found[:] = [self._hang(launch, started)]
             return found[0] is not None
 
-        end = supervise(group, expired)
+        first_run = self.layout.phase_dir(Incarnation(0, 0), FIRST_RUN)
+        watch = (lambda: supervisor.supervise(
+            [e for path in sorted(first_run.glob("rank*.events.jsonl")) for e in read_events(path)],
+            group.rank_handles(self.case.workload.world_size))) if supervisor is not None else None
+        end = supervise(group, expired, watch)
         return _Hang(found[0].incarnation, found[0].phase, end.stopped) if end.status == "deadline" else None
 
     def _event_files(self, launch: int) -> list[Path]:
