@@ -152,3 +152,22 @@ def test_a_node_cut_off_or_frozen_in_the_multi_node_job_gives_every_driver_the_s
         first_run = phase_events(job.case_dir, "launch0.restart0", "first_run")
         returned = [e["time"] for r in first_run.values() for e in r if e["event"] == "save_returned" and e["step"] == 8]
         assert len(returned) == 4 and min(returned) - fired[0]["time"] >= 3.0
+
+
+def test_under_torchrun_a_stall_or_partition_needs_scope_node_and_several_nodes():
+    from resilience.launch.torchrun_command import TorchrunOptions, incompatibility
+
+    from .harness_helpers import case_from
+
+    several = TorchrunOptions(nnodes=2, rdzv_endpoint="10.213.0.1:29400")
+    for kind, extra in (("stall", {}), ("partition", {})):
+        node = case_from(workload={"world_size": 4}, topology={"nodes": 2},
+                         fault={"kind": kind, "rank": 2, "step": 6, "phase": "train", "seconds": 3, "scope": "node", **extra})
+        assert incompatibility(node, several) is None
+        assert "needs several nodes" in incompatibility(node, TorchrunOptions())
+        rank = case_from(workload={"world_size": 4}, fault={"kind": kind, "rank": 2, "step": 6, "phase": "train",
+                                                            "seconds": 3})
+        assert "driven from outside the ranks" in incompatibility(rank, several)
+    throttle = case_from(workload={"world_size": 4}, fault={"kind": "throttle", "rank": 1, "step": 6, "phase": "train",
+                                                            "seconds": 3, "rate_kbit": 8})
+    assert "driven from outside the ranks" in incompatibility(throttle, several)
