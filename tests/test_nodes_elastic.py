@@ -171,3 +171,21 @@ def test_under_torchrun_a_stall_or_partition_needs_scope_node_and_several_nodes(
     throttle = case_from(workload={"world_size": 4}, fault={"kind": "throttle", "rank": 1, "step": 6, "phase": "train",
                                                             "seconds": 3, "rate_kbit": 8})
     assert "driven from outside the ranks" in incompatibility(throttle, several)
+
+
+def test_a_group_torn_down_for_a_spare_before_it_restored_is_not_the_judged_restore(tmp_path):
+    from resilience.core.elastic_layout import Incarnation, TorchrunLayout
+    from resilience.run.elastic_grow import superseded
+
+    layout = TorchrunLayout(tmp_path)
+    (tmp_path / "launch0.rounds").mkdir()
+    for index, (base, size) in enumerate(((0, 4), (4, 2), (6, 4))):
+        (tmp_path / "launch0.rounds" / str(index)).write_text(f"{base} {size}")
+        (tmp_path / f"launch0.restart{index}" / "restart").mkdir(parents=True)
+    for rank in (0, 1):
+        (tmp_path / "launch0.restart1" / f"outcome.rank{rank}.json").write_text(json.dumps(
+            {"rank": rank, "pid": 1, "returncode": -15, "torn_down_by": "SIGTERM"}))
+    assert superseded(layout, Incarnation(0, 1)) and not superseded(layout, Incarnation(0, 2))
+    (tmp_path / "launch0.restart1" / "restart" / "rank0.events.jsonl").write_text(
+        json.dumps({"event": "restored", "rank": 0, "step": 4, "time": 0.0}) + "\n")
+    assert not superseded(layout, Incarnation(0, 1))  # it restored: it is the judged restore

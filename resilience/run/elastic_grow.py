@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..core.case import Case
+from ..core.case import Case, VerdictKind
 from ..core.elastic_layout import Incarnation, TorchrunLayout
 from ..core.events import read_events
 from ..core.plan import RESTART
@@ -86,7 +86,7 @@ def judge_grown(case: Case, reference: PhaseResult, first_run: PhaseResult, shru
     newer = [s for s in shrunk_saved if s > step]
     verdict = judge(grown_case(case), reference, first_run, replace(grown, name=f"restart ({GROWN})"))
     found = [f"grown back to {grown.world_size} ranks: {line}" for line in verdict.findings
-             if verdict.kind.name != "RECOVERED"]
+             if verdict.kind is not VerdictKind.RECOVERED]
     if newer:
         found.append(f"grown back to {grown.world_size} ranks ({grown.name}): restored step {step}, though the "
                      f"shrunk group had completed the save of step {newer[-1]}")
