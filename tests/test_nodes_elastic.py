@@ -154,10 +154,17 @@ def test_a_node_cut_off_or_frozen_in_the_multi_node_job_gives_every_driver_the_s
         assert len(returned) == 4 and min(returned) - fired[0]["time"] >= 3.0
 
 
-def test_under_torchrun_a_stall_or_partition_needs_scope_node_and_several_nodes():
+def test_under_torchrun_a_stall_or_partition_needs_scope_node_and_several_nodes(monkeypatch):
+    from resilience.core.elastic_layout import NODE_NAMESPACE_ENV
     from resilience.launch.torchrun_command import TorchrunOptions, incompatibility
 
     from .harness_helpers import case_from
+
+    partition = case_from(workload={"world_size": 4}, topology={"nodes": 2}, fault={
+        "kind": "partition", "rank": 2, "step": 6, "phase": "train", "seconds": 3, "scope": "node"})
+    monkeypatch.delenv(NODE_NAMESPACE_ENV, raising=False)  # a machine of its own: its interface is not the node's
+    assert "this node is none" in incompatibility(partition, TorchrunOptions(nnodes=2, rdzv_endpoint="h:1"))
+    monkeypatch.setenv(NODE_NAMESPACE_ENV, "resilience-1-x-n1")
 
     several = TorchrunOptions(nnodes=2, rdzv_endpoint="10.213.0.1:29400")
     for kind, extra in (("stall", {}), ("partition", {})):

@@ -205,6 +205,7 @@ class Partition(NetworkFault):
     params: ClassVar[dict] = {"seconds": (float, None), "scope": (("rank", "node"), "rank")}
     tools: ClassVar[dict[str, str]] = {"nft": "nftables"}
     node_scoped: ClassVar[bool] = True  # scope node under torchrun on several nodes (see the module's docstring)
+    needs_node_namespace: ClassVar[bool] = True  # ... whose nodes are network namespaces
 
     @staticmethod
     def rules(spared: tuple[str, ...] = ()) -> str:

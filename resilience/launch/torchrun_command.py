@@ -3,6 +3,7 @@ every rank runs: `resilience.rank.elastic_entry`), and which cases torchrun can 
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from ..core import registry
 from ..core.case import Case
+from ..core.elastic_layout import NODE_NAMESPACE_ENV
 from ..errors import HarnessError
 from ..faults.base import Fault
 
@@ -105,6 +107,10 @@ def incompatibility(case: Case, options: TorchrunOptions = TorchrunOptions()) ->
         return (f"{where}: fault {case.fault.kind} with scope node is driven by the driver of the trigger's node; "
                 f"under torchrun that needs several nodes (allowed: nnodes >= 2, each node a network namespace: "
                 f"resilience.launch.nodes)")
+    if node_wide and getattr(fault, "needs_node_namespace", False) and not os.environ.get(NODE_NAMESPACE_ENV):
+        return (f"{where}: fault {case.fault.kind} with scope node under torchrun is a rule in the node's own network "
+                f"namespace, and this node is none ({NODE_NAMESPACE_ENV} unset): on a machine of its own it would cut "
+                f"the machine's interface (allowed: the nodes as network namespaces, resilience.launch.nodes)")
     if fault.supervises and not getattr(fault, "acts_in_its_node", False) and not node_wide:
         return (f"{where}: fault {case.fault.kind} is driven from outside the ranks while they run "
                 f"(signals, network rules); under torchrun faults act only from inside the ranks, "
