@@ -85,6 +85,13 @@ def test_a_lost_node_is_replaced_by_a_spare_and_every_driver_prints_the_local_ha
     assert [r.returncode for r in local_first_run.ranks][2:] == [-9, -9]
     assert "node 1 lost: ranks [2, 3] SIGKILLed at once" in "\n".join(local.verdict.findings)
     assert [n.verdict_line for n in survivors] == [expected, expected], [n.output for n in survivors]
+    # availability inside LOUD, proven as the local harness proves it (step 4 intact): each driver
+    # restored step 4 with load_step in fresh local ranks of its own, from the shared storage
+    assert local.verdict.intact_step == 4
+    for address in ("10.213.0.1", "10.213.0.3"):
+        probe = phase_events(job.case_dir, f"driver.{address}", "fallback_step_4")
+        assert sorted(probe) == [0, 1, 2, 3] and all(
+            [e["step"] for e in rank if e["event"] in ("restored", "done")] == [4, 8] for rank in probe.values())
 
     first_run = phase_events(job.case_dir, "launch0.restart0", "first_run")
     fired = [e for rank_events in first_run.values() for e in rank_events if e["event"] == "fault_fired"]
@@ -129,7 +136,7 @@ def test_the_survivor_goes_on_alone_elastically_and_the_restore_matches_the_cont
     begins = phase_events(job.case_dir, "launch0.restart1", "restart")
     assert sorted(begins) == [0, 1] and {b[0]["node"] for b in begins.values()} == {"0"}
     # judged against the oracle's continuation at world size 2, from the job's own reference snapshot
-    continuation = phase_events(job.case_dir, ".", "continuation")
+    continuation = phase_events(job.case_dir, "driver.10.213.0.1", "continuation")  # node 0's driver
     assert sorted(continuation) == [0, 1]
     fired = min(e["time"] for r in phase_events(job.case_dir, "launch0.restart0", "first_run").values()
                 for e in r if e["event"] == "fault_fired")

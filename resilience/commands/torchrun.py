@@ -28,6 +28,8 @@ def add_torchrun_command(sub) -> None:
     command.add_argument("--local-addr", help="torchrun's --local-addr: this node's address")
     command.add_argument("--join", action="store_true",
                          help="join a job the other nodes already run in --case-dir (a spare node)")
+    command.add_argument("--standby", type=Path, metavar="PATH",
+                         help="with --join: a spare standing by, whose agent starts once PATH exists")
     command.add_argument("--case-dir", type=Path,
                          help="the case directory, the same shared path on every node (one case only); kept")
     command.add_argument("--workdir", type=Path, help="where fresh case directories go")
@@ -48,9 +50,11 @@ def torchrun_main(args: argparse.Namespace) -> int:
             case, args.nnodes[1], args.nproc_per_node, args.max_restarts, rdzv_endpoint=args.rdzv_endpoint,
             rdzv_id=args.rdzv_id, case_dir=args.case_dir, work_root=args.workdir, keep=args.keep,
             startup_s=args.startup, rdzv_conf=args.rdzv_conf, local_addr=args.local_addr,
-            min_nodes=args.nnodes[0], join=args.join)
+            min_nodes=args.nnodes[0], join=args.join, standby=args.standby)
 
-    return 1 if run_and_report(cases, run_case) + failures else 0
+    # on several nodes the findings say what each node's driver saw (a spare grown back in, a node frozen)
+    several = args.nnodes[0] is not None or args.nnodes[1] > 1
+    return 1 if run_and_report(cases, run_case, show_findings=several) + failures else 0
 
 
 def _nnodes(text: str) -> tuple[int | None, int]:

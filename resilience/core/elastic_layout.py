@@ -6,10 +6,12 @@ case directory must be on a filesystem every node sees, as the checkpoint direct
       checkpoints/                 the strategy's directory
       tmp/                         TMPDIR of torchrun (its torchelastic_* directories) and of the ranks
       plans/<phase>.json           the driver's plan of each phase; a rank sets its incarnation's directory
+      plans/<phase>.size<N>.json   the plan for a group of N ranks (elastic: a spare grew the job back)
       launch<L>.restart<R>/        one incarnation: the driver's launch L, TORCHELASTIC_RESTART_COUNT R
         <phase>/                   plan.json, rank<r>.events.jsonl, rank<r>.out, rank<r>.err
         outcome.rank<r>.json       how the rank process ended, written by its supervisor
       torchrun.launch<L>[.<addr>].log  torchrun's own output (one per node with --local-addr)
+      driver.<addr>/               a node's driver's own local phases (continuation, probes)
 
 Imports nothing heavy: the supervisor torchrun starts reads it before forking its rank.
 """
@@ -66,8 +68,9 @@ class TorchrunLayout:
     def temp_dir(self) -> Path:
         return self.case_dir / "tmp"
 
-    def template(self, phase: str) -> Path:
-        return self.case_dir / "plans" / f"{phase}.json"
+    def template(self, phase: str, world_size: int | None = None) -> Path:
+        """The driver's plan of ``phase``; with ``world_size``, the one for a group of that size."""
+        return self.case_dir / "plans" / (f"{phase}.json" if world_size is None else f"{phase}.size{world_size}.json")
 
     def incarnation_dir(self, incarnation: Incarnation) -> Path:
         return self.case_dir / incarnation.name
@@ -78,15 +81,31 @@ class TorchrunLayout:
     def outcome_path(self, incarnation: Incarnation, rank: int) -> Path:
         return self.incarnation_dir(incarnation) / f"outcome.rank{rank}.json"
 
+    def driver_dir(self, node: str | None = None) -> Path:
+        """Where a driver runs its own local phases (the oracle's continuation, availability probes):
+        the case directory, or with several drivers sharing it (``node``: its address) one of its own."""
+        return self.case_dir if node is None else self.case_dir / f"driver.{node}"
+
     def torchrun_log(self, launch: int, node: str | None = None) -> Path:
         """torchrun's output on one node (``node``: its address, when several share the directory)."""
         suffix = "" if node is None else f".{node}"
         return self.case_dir / f"torchrun.launch{launch}{suffix}.log"
 
     def plan(self, incarnation: Incarnation, phase: str) -> PhasePlan:
-        """The phase's plan in this incarnation: the driver's template, in the incarnation's directory."""
-        template = PhasePlan.read(self.template(phase))
+        """The phase's plan in this incarnation: the driver's template for a group of the
+        incarnation's size where it wrote one (an elastic job grown back), else its plain
+        template; in the incarnation's directory."""
+        sized = self.template(phase, self.round_size(incarnation))
+        template = PhasePlan.read(sized if sized.is_file() else self.template(phase))
         return replace(template, phase_dir=str(self.phase_dir(incarnation, phase)))
+
+    def round_size(self, incarnation: Incarnation) -> int | None:
+        """How many ranks the incarnation's group had (`claim_incarnation`'s record), or None."""
+        try:
+            return int((self.case_dir / f"launch{incarnation.launch}.rounds" / str(incarnation.restart))
+                       .read_text().split()[1])
+        except (FileNotFoundError, IndexError, ValueError):
+            return None
 
     def incarnations(self) -> list[Incarnation]:
         return incarnations_in(self.case_dir)

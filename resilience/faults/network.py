@@ -21,6 +21,14 @@ rank's link, tells the rank (SIGUSR2) so the collective it enters next is alread
 
 The case directory gets ``network.json``: the namespaces and addresses (which the ranks read), when
 the impairment was applied and lifted, and the bytes each rank's veth carried (read before teardown).
+
+Under torchrun with the nodes as network namespaces (`resilience.launch.nodes`, the driver's
+RESILIENCE_NODE_NAMESPACE set) the network is the nodes' own: no namespace per rank is built, the
+ranks stay in their node's, and only ``scope: node`` is possible (a rule per namespace cuts a node,
+not one of its ranks). Each node's driver calls ``supervise`` with handles to its own ranks only;
+the driver of the trigger rank's node applies the rule in its node's namespace (the node's ranks
+still reach each other over its own address, which the kernel routes through loopback) and
+records ``network.node<N>.json``.
 """
 from __future__ import annotations
 
@@ -31,6 +39,7 @@ import signal
 import time
 from typing import Any, ClassVar
 
+from ..core.elastic_layout import NODE_ENV, NODE_NAMESPACE_ENV
 from ..errors import NetworkError
 from .base import CaseEnvironment, Fault, FaultUnavailable, RankEnvironment
 from .netns import BRIDGE, IFNAME, SUBNET, Topology, join_namespace, remove_stale_namespaces, run_command
@@ -59,6 +68,7 @@ class NetworkFault(Fault):
         self.applied_at: float | None = None
         self.lifted_at: float | None = None
         self.impaired: tuple[int, ...] = ()  # the ranks whose links the fault cuts or slows
+        self.node_link: dict | None = None  # under torchrun on nodes: this driver's node's namespace
 
     # -- harness side -------------------------------------------------------------------------
     @classmethod
@@ -79,6 +89,10 @@ class NetworkFault(Fault):
         reason = self.unavailable_reason()
         if reason:
             raise FaultUnavailable(reason)
+        if os.environ.get(NODE_NAMESPACE_ENV):  # a node's driver: the network is the nodes'
+            self.node_link = {"namespace": os.environ[NODE_NAMESPACE_ENV], "ifname": IFNAME}
+            self.record = {"kind": self.kind, "node": os.environ.get(NODE_ENV), **self.node_link}
+            return
         stale = remove_stale_namespaces()
         self.topology = Topology(env.case.workload.world_size)
         placement, world = env.case.placement, env.case.workload.world_size
@@ -101,22 +115,27 @@ class NetworkFault(Fault):
     def supervise(self, events: list[dict], ranks: list) -> None:
         if self.applied_at is None:
             if any(e["event"] == "fault_fired" and e["rank"] == self.trigger.rank for e in events):
-                for rank in self.impaired:
-                    self.apply(self.topology.ranks[rank])
+                if self.node_link is not None and not ranks[self.trigger.rank].is_ours:
+                    return  # another node's driver cuts that node off
+                for link in self._links():
+                    self.apply(link)
                 self.applied_at = time.time()
                 ranks[self.trigger.rank].signal(ACK)
         elif self.lifted_at is None and time.time() >= self.applied_at + self.spec.params["seconds"]:
             self._lift_all()
 
     def heal(self, env: CaseEnvironment) -> None:
-        if self.topology is None:
-            return
         if self.applied_at is not None and self.lifted_at is None:  # the first run ended first
             self._lift_all()
-        self.record.update(applied_at=self.applied_at, lifted_at=self.lifted_at, counters=self.topology.counters())
+        if self.topology is None and self.node_link is None:
+            return
+        self.record.update(applied_at=self.applied_at, lifted_at=self.lifted_at,
+                           counters=self.topology.counters() if self.topology else None)
         self._write(env)
 
     def teardown(self, env: CaseEnvironment) -> None:
+        if self.node_link is not None:
+            self.heal(env)  # under torchrun the first run's end is not the driver's to see: lift now at the latest
         if self.topology is None:
             return
         left = self.topology.destroy()
@@ -125,13 +144,25 @@ class NetworkFault(Fault):
         if left:
             raise NetworkError(f"network namespaces left behind after teardown: {', '.join(left)}")
 
+    def notes(self, env: CaseEnvironment, phases) -> tuple[str, ...]:
+        if self.node_link is None or self.applied_at is None:
+            return ()
+        lifted = f"lifted {self.lifted_at - self.applied_at:.1f} s later" if self.lifted_at else "never lifted"
+        return (f"node {self.record['node']} cut off the other nodes by its driver ({self.kind} of "
+                f"{self.node_link['namespace']}'s {IFNAME}), {lifted}",)
+
+    def _links(self) -> list[dict]:
+        """The links the impairment acts on: the impaired ranks', or the node's one."""
+        return [self.node_link] if self.node_link is not None else [self.topology.ranks[r] for r in self.impaired]
+
     def _lift_all(self) -> None:
-        for rank in self.impaired:
-            self.lift(self.topology.ranks[rank])
+        for link in self._links():
+            self.lift(link)
         self.lifted_at = time.time()
 
     def _write(self, env: CaseEnvironment) -> None:
-        (env.case_dir / RECORD).write_text(json.dumps(self.record, indent=1))
+        name = RECORD if self.node_link is None else f"network.node{self.record['node']}.json"
+        (env.case_dir / name).write_text(json.dumps(self.record, indent=1))
 
     def apply(self, link: dict) -> None:
         raise NotImplementedError
@@ -142,6 +173,9 @@ class NetworkFault(Fault):
     # -- rank side ----------------------------------------------------------------------------
     def arm(self, env: RankEnvironment) -> None:
         super().arm(env)
+        if os.environ.get(NODE_NAMESPACE_ENV):  # already in its node's namespace, on its node's link
+            signal.pthread_sigmask(signal.SIG_BLOCK, {ACK})
+            return
         if env.case_dir is None or not (env.case_dir / RECORD).exists():
             raise RuntimeError(f"{self.kind}: no {RECORD} from the harness side (was setup skipped?)")
         me = json.loads((env.case_dir / RECORD).read_text())["ranks"][env.rank]
@@ -170,6 +204,8 @@ class Partition(NetworkFault):
     kind = "partition"
     params: ClassVar[dict] = {"seconds": (float, None), "scope": (("rank", "node"), "rank")}
     tools: ClassVar[dict[str, str]] = {"nft": "nftables"}
+    node_scoped: ClassVar[bool] = True  # scope node under torchrun on several nodes (see the module's docstring)
+    needs_node_namespace: ClassVar[bool] = True  # ... whose nodes are network namespaces
 
     @staticmethod
     def rules(spared: tuple[str, ...] = ()) -> str:
@@ -190,7 +226,7 @@ class Partition(NetworkFault):
     def apply(self, link: dict) -> None:
         # a node's ranks keep talking to each other (one machine); only other nodes are cut off
         mates = tuple(self.topology.ranks[rank]["address"] for rank in self.impaired
-                      if self.topology.ranks[rank] is not link) if len(self.impaired) > 1 else ()
+                      if self.topology.ranks[rank] is not link) if len(self.impaired) > 1 and self.topology else ()
         run_command(["ip", "netns", "exec", link["namespace"], "nft", "-f", "-"], self.rules(mates))
 
     def lift(self, link: dict) -> None:

@@ -25,6 +25,8 @@ class Stall(Fault):
     byte_points = ()
     params = {"seconds": (float, None), "scope": (("rank", "node"), "rank")}
     supervises = True
+    #: scope node under torchrun on several nodes: the trigger node's driver drives it for its own ranks
+    node_scoped = True
 
     def __init__(self, spec):
         super().__init__(spec)

@@ -3,15 +3,20 @@ every rank runs: `resilience.rank.elastic_entry`), and which cases torchrun can 
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import registry
 from ..core.case import Case
+from ..core.elastic_layout import NODE_NAMESPACE_ENV
+from ..errors import HarnessError
 from ..faults.base import Fault
 
 STARTUP_S = 120.0  # torchrun's start, rendezvous and `import torch` on busy machines
+STANDBY_S = 1800.0
 ENTRY_MODULE = "resilience.rank.elastic_entry"
 
 
@@ -32,6 +37,9 @@ class TorchrunOptions:
     local_addr: str | None = None  # ``--local-addr``: this node's address (rank order follows it)
     min_nodes: int | None = None  # elastic: ``--nnodes MIN:MAX`` with MAX = nnodes
     join: bool = False  # the case directory is already being run by other nodes (a spare joining)
+    #: a spare standing by: its driver is ready, and starts its agent once this file exists (the
+    #: moment the scheduler hands the node to the job), at most STANDBY_S seconds later
+    standby: Path | None = None
 
     def ranks_per_node(self, case: Case) -> int:
         return self.nproc_per_node if self.nproc_per_node is not None else case.workload.world_size // self.nnodes
@@ -53,6 +61,15 @@ def torchrun_command(case: Case, options: TorchrunOptions, case_dir: Path, launc
             "--monitor-interval", "0.1", "-m", ENTRY_MODULE, str(case_dir)]
 
 
+
+
+def stand_by(options: TorchrunOptions) -> None:
+    """A spare standing by waits for its turn (``options.standby`` exists) before its agent starts."""
+    until = time.monotonic() + STANDBY_S
+    while options.standby is not None and not Path(options.standby).exists():
+        if time.monotonic() > until:
+            raise HarnessError(f"--standby {options.standby}: not created within {STANDBY_S:g} s")
+        time.sleep(0.1)
 
 
 def incompatibility(case: Case, options: TorchrunOptions = TorchrunOptions()) -> str | None:
@@ -85,10 +102,20 @@ def incompatibility(case: Case, options: TorchrunOptions = TorchrunOptions()) ->
     if getattr(fault, "acts_in_its_node", False) and options.nnodes == 1:
         return (f"{where}: fault {case.fault.kind} ends a whole node; under torchrun that needs several nodes "
                 f"(allowed: nnodes >= 2, each node a network namespace: resilience.launch.nodes)")
-    if fault.supervises and not getattr(fault, "acts_in_its_node", False):
+    node_wide = getattr(fault, "node_scoped", False) and case.fault.params.get("scope") == "node"
+    if node_wide and options.nnodes == 1:
+        return (f"{where}: fault {case.fault.kind} with scope node is driven by the driver of the trigger's node; "
+                f"under torchrun that needs several nodes (allowed: nnodes >= 2, each node a network namespace: "
+                f"resilience.launch.nodes)")
+    if node_wide and getattr(fault, "needs_node_namespace", False) and not os.environ.get(NODE_NAMESPACE_ENV):
+        return (f"{where}: fault {case.fault.kind} with scope node under torchrun is a rule in the node's own network "
+                f"namespace, and this node is none ({NODE_NAMESPACE_ENV} unset): on a machine of its own it would cut "
+                f"the machine's interface (allowed: the nodes as network namespaces, resilience.launch.nodes)")
+    if fault.supervises and not getattr(fault, "acts_in_its_node", False) and not node_wide:
         return (f"{where}: fault {case.fault.kind} is driven from outside the ranks while they run "
-                f"(signals, network rules); under torchrun faults act only from inside the ranks")
-    if fault.heal is not Fault.heal:
+                f"(signals, network rules); under torchrun faults act only from inside the ranks, "
+                f"or with several nodes a stall or partition of scope node (its node's driver drives it)")
+    if fault.heal is not Fault.heal and not node_wide:
         return (f"{where}: fault {case.fault.kind} is repaired between the first run and the restart "
                 f"(heal), a moment torchrun's agent does not offer")
     return None

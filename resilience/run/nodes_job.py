@@ -13,7 +13,11 @@ is the shared filesystem; ``CASE_DIR/checkpoints/node<i>`` is node i's local dis
 
 A node whose driver was SIGKILLed (a ``node_loss``) is replaced, as a scheduler would, by the next
 spare node, which joins the running job (``--join``) and is placed after the others (c10d orders
-nodes by address). With ``min_nodes`` (``--nnodes MIN:MAX``) no spare is needed: the survivors go on.
+nodes by address). With ``min_nodes`` (``--nnodes MIN:MAX``) no spare is needed: the survivors go on;
+``grow_when(case_dir)``: the spares stand by from the start (their drivers loaded, ``--standby``)
+and the next one is handed to the job once it holds: its agent joins the running, shrunk job (it
+waits to join; the running agents see it through ``num_nodes_waiting`` and restart their groups at
+the larger size: docs/torchrun.md, "A spare grows the job back").
 Every phase of the job has ``deadline_s``; past it every node's processes are SIGKILLed.
 """
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,10 +50,16 @@ class NodeRun:
     output: str
     started_at: float
     ended_at: float
+    handed_at: float | None = None  # a spare standing by: when it was handed to the job (None: never)
 
     @property
     def lost(self) -> bool:
-        return self.returncode == -9
+        return self.returncode == -9 and not self.idle
+
+    @property
+    def idle(self) -> bool:
+        """A spare that stood by and was never handed to the job (ended with it)."""
+        return "--standby" in self.command and self.handed_at is None
 
     @property
     def verdict_line(self) -> str | None:
@@ -65,13 +76,13 @@ class JobOnNodes:
     timed_out: bool
 
     def survivors(self) -> list[NodeRun]:
-        return [node for node in self.nodes if not node.lost]
+        return [node for node in self.nodes if not node.lost and not node.idle]
 
 
 def driver_command(scenario: Path, case_id: str | None, nodes: Nodes, index: int, *, nnodes: int,
                    nproc_per_node: int, case_dir: Path, min_nodes: int | None = None, max_restarts: int = 1,
                    rdzv_conf: str = FAST_RDZV, rdzv_id: str = "job", join: bool = False,
-                   startup_s: float = 60.0) -> list[str]:
+                   startup_s: float = 60.0, standby: Path | None = None) -> list[str]:
     """The per-node command of the docs (docs/torchrun.md, "Several nodes") for node ``index``."""
     node = nodes[index]
     return [sys.executable, "-m", "resilience", "torchrun", str(scenario), *(["--case", case_id] if case_id else []),
@@ -79,12 +90,14 @@ def driver_command(scenario: Path, case_id: str | None, nodes: Nodes, index: int
             "--max-restarts", str(max_restarts), "--rdzv-endpoint", f"{nodes[0].address}:{RDZV_PORT}",
             "--rdzv-id", rdzv_id, "--local-addr", node.address,
             "--rdzv-conf", f"is_host={int(index == 0)},{rdzv_conf}" if rdzv_conf else f"is_host={int(index == 0)}",
-            "--case-dir", str(case_dir), "--startup", f"{startup_s:g}", *(["--join"] if join else [])]
+            "--case-dir", str(case_dir), "--startup", f"{startup_s:g}", *(["--join"] if join else []),
+            *(["--standby", str(standby)] if standby else [])]
 
 
 def run_job_on_nodes(scenario: Path, case_id: str | None, *, nodes: int, nproc_per_node: int, work_dir: Path,
                      spares: int = 0, min_nodes: int | None = None, max_restarts: int = 1,
-                     rdzv_conf: str = FAST_RDZV, deadline_s: float = 240.0, share_store: bool = True) -> JobOnNodes:
+                     rdzv_conf: str = FAST_RDZV, deadline_s: float = 240.0, share_store: bool = True,
+                     grow_when: Callable[[Path], bool] | None = None) -> JobOnNodes:
     """Run the case on ``nodes`` nodes (plus ``spares`` idle ones) and return what each driver did.
     ``share_store`` False: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, the ranks get a store of each round's
     own instead of the agents' (a spare joining a later round waits for a MASTER_ADDR key
@@ -99,24 +112,32 @@ def run_job_on_nodes(scenario: Path, case_id: str | None, *, nodes: int, nproc_p
     started = time.monotonic()
     runs: dict[int, dict] = {}
     with Nodes(nodes + spares, TorchrunLayout(case_dir).checkpoint_dir) as machine:
-        def start(index: int, join: bool) -> None:
+        def start(index: int, join: bool, standby: Path | None = None) -> None:
             argv = driver_command(scenario, case_id, machine, index, nnodes=nodes, nproc_per_node=nproc_per_node,
                                   case_dir=case_dir, min_nodes=min_nodes, max_restarts=max_restarts,
-                                  rdzv_conf=rdzv_conf, join=join)
+                                  rdzv_conf=rdzv_conf, join=join, standby=standby)
             log = log_dir / f"node{index}.log"
             runs[index] = {"argv": argv, "log": log, "process": machine.start(index, argv, env, log),
                            "started_at": time.monotonic() - started, "ended_at": None}
 
         for index in range(nodes):
             start(index, join=False)
+        standby = {index: log_dir / f"standby.node{index}" for index in range(nodes, nodes + spares)}
+        for index in standby if grow_when is not None else ():
+            start(index, join=True, standby=standby[index])
         next_spare, timed_out = nodes, False
-        while any(run["process"].poll() is None for run in runs.values()):
+        waiting = lambda index: index in standby and index >= next_spare  # noqa: E731 (a spare never handed over)
+        while any(run["process"].poll() is None for index, run in runs.items() if not waiting(index)):
             for run in list(runs.values()):
                 if run["ended_at"] is None and run["process"].poll() is not None:
                     run["ended_at"] = time.monotonic() - started
                     if run["process"].returncode == -9 and min_nodes is None and next_spare < nodes + spares:
                         start(next_spare, join=True)  # the scheduler replaces the lost node
                         next_spare += 1
+            if grow_when is not None and next_spare < nodes + spares and grow_when(case_dir):
+                standby[next_spare].touch()  # the scheduler hands a spare to the shrunk elastic job
+                runs[next_spare]["handed_at"] = time.monotonic() - started
+                next_spare += 1
             if time.monotonic() - started > deadline_s:
                 timed_out = True
                 break
@@ -127,7 +148,8 @@ def run_job_on_nodes(scenario: Path, case_id: str | None, *, nodes: int, nproc_p
         elapsed = time.monotonic() - started
         results = tuple(NodeRun(index=index, command=tuple(run["argv"]), returncode=run["process"].wait(),
                                 output=run["log"].read_text(errors="replace"), started_at=run["started_at"],
-                                ended_at=run["ended_at"] if run["ended_at"] is not None else elapsed)
+                                ended_at=run["ended_at"] if run["ended_at"] is not None else elapsed,
+                                handed_at=run.get("handed_at"))
                         for index, run in sorted(runs.items()))
     if not results:
         raise HarnessError("no node driver started")

@@ -150,6 +150,12 @@ class AgentLaunch(RankGroup):
                     live[event["rank"]] = event["pid"]
         return live
 
+    def rank_handles(self, world_size: int) -> list[NodeRank]:
+        """A handle per rank of the group for a fault's ``supervise``: this node's live ranks can be
+        signalled; another node's are its own driver's (``is_ours`` False, signals go nowhere)."""
+        live = self.live_ranks()
+        return [NodeRank(rank, live.get(rank)) for rank in range(world_size)]
+
     def destroy(self) -> None:
         ranks = self.live_ranks()  # while the agent lives: ours are its descendants
         kill_group(self.launcher.pid)
@@ -175,6 +181,28 @@ class AgentLaunch(RankGroup):
         except OSError:
             return False
         return named and descends_from(pid, self.launcher.pid)
+
+
+@dataclass(frozen=True)
+class NodeRank:
+    """One rank of a job on several nodes, as a node's driver sees it (``pid`` None: not on this node)."""
+
+    rank: int
+    pid: int | None
+
+    @property
+    def is_ours(self) -> bool:
+        return self.pid is not None
+
+    def poll(self) -> int | None:
+        return None if self.pid is not None and Path(f"/proc/{self.pid}").exists() else 0
+
+    def signal(self, signum: int) -> None:
+        if self.pid is not None:
+            signal_process(self.pid, signum)
+
+    def is_stopped(self) -> bool:
+        return self.pid is not None and is_stopped(self.pid)
 
 
 def descends_from(pid: int, ancestor: int) -> bool:

@@ -29,15 +29,17 @@ from ..core import janitor, registry
 from ..launch.backend import rank_environment
 from ..core.elastic_layout import LAUNCH_ENV, Incarnation, TorchrunLayout
 from ..errors import HarnessError, ResilienceError, StrategyUnavailable, TorchrunIncompatible
-from ..faults.base import CaseEnvironment
+from ..faults.base import CaseEnvironment, Fault
 from ..core.records import CaseResult, PhaseResult
 from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
 from ..core.case import Case
 from ..core.events import read_events, tail
 from ..oracle.evidence import collect_phase, launcher_error, stderr_tails, where_waiting
 from ..oracle.judge import judge
+from ..core.topology import NODE_LOCAL
+from .elastic_grow import is_grown, judge_job, superseded
 from .local_probe import continue_in_local_ranks, probe_in_local_ranks
-from ..launch.torchrun_command import STARTUP_S, TorchrunOptions, incompatibility, torchrun_command
+from ..launch.torchrun_command import STARTUP_S, TorchrunOptions, incompatibility, stand_by, torchrun_command
 from .supervisor import AgentLaunch, supervise
 
 __all__ = ["STARTUP_S", "TorchrunOptions", "incompatibility", "run_case_under_torchrun", "torchrun_command"]
@@ -85,6 +87,7 @@ class _Driver:
         self._launches: list[int] = []
 
     def run(self) -> CaseResult:
+        stand_by(self.options)
         self._prepare()
         fault = registry.resolve("fault", self.case.fault.kind)(self.case.fault)
         env = CaseEnvironment(case=self.case, case_dir=self.layout.case_dir, checkpoint_dir=self.layout.checkpoint_dir)
@@ -93,34 +96,46 @@ class _Driver:
             fault.setup(env)
             for launch in (0, 1):
                 self._launches.append(launch)
-                hang = self._launch(launch)
+                hang = self._launch(launch, fault if getattr(fault, "node_scoped", False) else None)
                 if hang or not self._needs_resume():
                     break
             phases = self._phases(hang)
             intact, probes = (probe_in_local_ranks(self.case, self.layout.case_file, self.layout.checkpoint_dir,
-                                                   self.layout.case_dir, phases)
-                              if self.options.nnodes == 1 else (None, ()))  # one node sees every file
+                                                   self._driver_dir(), phases)
+                              if self._sees_every_file() else (None, ()))
             continuation = self._continuation(phases[2])
             found = fault.findings(env, tuple(phases + continuation))
+            noted = fault.notes(env, tuple(phases + continuation))  # what this node's driver saw it do
         finally:
             fault.teardown(env)
-        verdict = judge(self.case, *phases[:3], *continuation, fault_findings=found, intact_step=intact)
+        verdict = judge_job(self.case, phases, continuation, found, intact, noted)
         return CaseResult(case=self.case, verdict=verdict, phases=tuple(phases + continuation) + probes,
                           work_dir=self.layout.case_dir)
 
     def _snapshots(self) -> Path:
         return self.layout.case_dir / "snapshots"
 
+    def _driver_dir(self) -> Path:
+        directory = self.layout.driver_dir(self.options.local_addr)  # several drivers share the case directory
+        directory.mkdir(exist_ok=True)
+        return directory
+
+    def _sees_every_file(self) -> bool:
+        """Whether this driver's local ranks can read every checkpoint the job wrote: one node, or
+        storage every node shares (node-local disks are the other nodes' own)."""
+        return self.options.nnodes == 1 or NODE_LOCAL not in (self.case.placement.storage,
+                                                              self.case.restart.placement.storage)
+
     def _continuation(self, restart: PhaseResult) -> list[PhaseResult]:
         """The oracle's continuation on the restart's topology (an elastic restart at another size)."""
         restored = restart.restored()
-        if not self.case.topology_changes or 0 not in restored:
+        if not self.case.topology_changes or 0 not in restored or is_grown(self.case, restart):
             return []
         step = restored[0]["step"]
         if not (self._snapshots() / f"step_{step}").is_dir():
             return []
         return [continue_in_local_ranks(self.case, self.layout.case_file, self.layout.checkpoint_dir,
-                                        self.layout.case_dir, self._snapshots(), step)]
+                                        self._driver_dir(), self._snapshots(), step)]
 
     # -- before the launch ------------------------------------------------------------------------
     def _prepare(self) -> None:
@@ -148,6 +163,10 @@ class _Driver:
                                snapshot_dir=None, world_size=later, rank_map=tuple(range(later)),
                                topology=case.restart.placement.as_dict(), **common)):
             plan.write(layout.template(plan.name))
+        if case.topology_changes and self.options.min_nodes:  # a spare may grow the shrunk job back
+            grown = PhasePlan(name=RESTART, start="strategy", save=True, inject=False, record_states=False,
+                              snapshot_dir=None, **first)
+            grown.write(layout.template(RESTART, size))
 
     def _environment(self, launch: int) -> dict[str, str]:
         env = rank_environment()
@@ -160,7 +179,8 @@ class _Driver:
         return env
 
     # -- while it runs ----------------------------------------------------------------------------
-    def _launch(self, launch: int) -> _Hang | None:
+    def _launch(self, launch: int, supervisor: Fault | None = None) -> _Hang | None:
+        """``supervisor``: a node-wide fault this node's driver drives for its own ranks (`stall`, `partition`)."""
         group = AgentLaunch(torchrun_command(self.case, self.options, self.layout.case_dir, launch),
                             self._environment(launch), self.layout.torchrun_log(launch, self.options.local_addr),
                             lambda: self._event_files(launch), marker=str(self.layout.case_dir))
@@ -170,7 +190,11 @@ class _Driver:
             found[:] = [self._hang(launch, started)]
             return found[0] is not None
 
-        end = supervise(group, expired)
+        first_run = self.layout.phase_dir(Incarnation(0, 0), FIRST_RUN)
+        watch = (lambda: supervisor.supervise(
+            [e for path in sorted(first_run.glob("rank*.events.jsonl")) for e in read_events(path)],
+            group.rank_handles(self.case.workload.world_size))) if supervisor is not None else None
+        end = supervise(group, expired, watch)
         return _Hang(found[0].incarnation, found[0].phase, end.stopped) if end.status == "deadline" else None
 
     def _event_files(self, launch: int) -> list[Path]:
@@ -214,7 +238,8 @@ class _Driver:
                                + stderr_tails(reference)
                                + f"\n--- torchrun ---\n{tail(self.layout.torchrun_log(0, self.options.local_addr))}")
         phases = [reference, self._phase(first, FIRST_RUN, hang)]
-        later = [i for i in self.layout.incarnations() if not i.is_first]
+        judged = self._first_restart()  # the first restore; before it, any group superseded by a grow
+        later = sorted((i for i in self.layout.incarnations() if not i.is_first), key=lambda i: i != judged)
         if later:
             phases += [self._phase(i, RESTART, hang) for i in later]
         else:  # the first run hung, or torchrun gave up (its store's host lost): nothing restarted
@@ -245,7 +270,8 @@ class _Driver:
         return result
 
     def _first_restart(self) -> Incarnation | None:
-        return next((i for i in self.layout.incarnations() if not i.is_first), None)
+        return next((i for i in self.layout.incarnations() if not i.is_first and not superseded(self.layout, i)),
+                    None)
 
     def _exit_status(self, incarnation: Incarnation, phase: str, rank: int) -> int | None:
         """0 once the rank finished the phase; otherwise how its process ended (None: torn down by
