@@ -7,6 +7,7 @@ it), interrupts it mid case, and then looks for what is left.
 """
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -24,18 +25,23 @@ from tests.procs import child_pids
 REPO = Path(__file__).resolve().parents[1]
 MARKER = "RESILIENCE_HYGIENE_MARK"
 MID_CASE_DEADLINE_S = 180  # pytest start, the forkserver's warm-up and the reference, on 2 busy cores
-EXIT_DEADLINE_S = 60  # for pytest to end once interrupted
+# Interrupted, the harness kills the ranks at once (0.2-0.6 s at load 13); pytest's own exit is
+# CPU-bound (the traceback formatted from source, Hypothesis's summary plugin importing it, a last
+# gc): 2 s idle, 15-25 s at load 13, once past 60 s beside the full suite.
+RANKS_GONE_DEADLINE_S = 60  # for the case's ranks to die once interrupted
+EXIT_DEADLINE_S = 300  # for pytest to end once interrupted
+FAULT_S = 900  # the stall and the cut outlast both deadlines: a run that ignored the interrupt fails
 CLEAN_DEADLINE_S = 20  # for the janitor to free what the run left
 
-# A rank stopped (SIGSTOP) in its peer's barrier for a minute: the case is surely mid-way when the
-# fault has fired.
-STALL = """\
+# A rank stopped (SIGSTOP) in its peer's barrier for 15 minutes: the case is surely mid-way when
+# the fault has fired.
+STALL = f"""\
     name: stalled rank
-    description: rank 1 stopped for a minute in the step-4 save
+    description: rank 1 stopped for 15 minutes in the step-4 save
     strategy: torch.per_rank
-    workload: {model: mlp, world_size: 2, steps: 8, checkpoint_every: 4, seed: 0}
-    fault: {kind: stall, rank: 1, step: 4, phase: save, seconds: 60}
-    timeouts: {collective: 120, phase: 180}
+    workload: {{model: mlp, world_size: 2, steps: 8, checkpoint_every: 4, seed: 0}}
+    fault: {{kind: stall, rank: 1, step: 4, phase: save, seconds: {FAULT_S}}}
+    timeouts: {{collective: {FAULT_S + 60}, phase: {FAULT_S + 120}}}
     expect: recovers
     """
 # The checkpoint directory is a tmpfs from setup on; enough steps to interrupt the first run.
@@ -47,14 +53,14 @@ TMPFS = """\
     fault: {kind: disk_full, via: tmpfs, rank: 0, step: 800, point: start, after_bytes: 8192}
     expect: fails_loudly
     """
-# Ranks in network namespaces, rank 1's link cut for a minute.
-PARTITION = """\
+# Ranks in network namespaces, rank 1's link cut for 15 minutes.
+PARTITION = f"""\
     name: long partition
-    description: rank 1's link cut for a minute in the step-4 save
+    description: rank 1's link cut for 15 minutes in the step-4 save
     strategy: torch.per_rank
-    workload: {model: mlp, world_size: 2, steps: 8, checkpoint_every: 4, seed: 0}
-    fault: {kind: partition, rank: 1, step: 4, phase: save, seconds: 60}
-    timeouts: {collective: 120, phase: 180}
+    workload: {{model: mlp, world_size: 2, steps: 8, checkpoint_every: 4, seed: 0}}
+    fault: {{kind: partition, rank: 1, step: 4, phase: save, seconds: {FAULT_S}}}
+    timeouts: {{collective: {FAULT_S + 60}, phase: {FAULT_S + 120}}}
     expect: recovers
     """
 CASES = {"stall": STALL, "tmpfs": TMPFS, "partition": PARTITION}
@@ -151,7 +157,17 @@ class Run:
         assert len(workers) == 1, f"expected one busy xdist worker among {child_pids(self.pytest.pid)}"
         return workers[0]
 
-    def wait_exit(self) -> None:
+    def rank_pids(self) -> list[int]:
+        """The first run's rank processes, from the first event each wrote."""
+        return [json.loads(path.read_text().splitlines()[0])["pid"]
+                for path in self.tmp.glob("resilience-*/first_run/rank*.events.jsonl")]
+
+    def wait_exit(self, ranks: list[int]) -> None:
+        deadline = time.monotonic() + RANKS_GONE_DEADLINE_S
+        while any(_running(pid) for pid in ranks):
+            assert time.monotonic() < deadline, (f"ranks {[p for p in ranks if _running(p)]} still running "
+                                                 f"{RANKS_GONE_DEADLINE_S} s after the interrupt:\n{self.output()}")
+            time.sleep(0.05)
         try:
             self.pytest.wait(timeout=EXIT_DEADLINE_S)
         except subprocess.TimeoutExpired:
@@ -241,8 +257,9 @@ def _interrupt_mid_case(run: Run, kind: str, interrupt) -> None:
     assert kind != "partition" or run.created_namespaces, "the case's network namespaces were not seen"
     assert kind != "tmpfs" or run.mounts(), "the case's tmpfs was not mounted at the interrupt"
     assert run.marked_processes(), "no process of the run was seen"
+    ranks = run.rank_pids()
     interrupt()
-    run.wait_exit()
+    run.wait_exit(ranks)
 
 
 @pytest.mark.parametrize("kind", sorted(CASES))
