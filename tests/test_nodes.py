@@ -248,6 +248,18 @@ def test_ranks_agree_on_their_incarnation_whatever_their_agents_restart_counts_s
     assert sorted(p.name for p in (tmp_path / "launch0.rounds").iterdir()) == ["0", "1", "2"]
 
 
+def test_a_round_that_closed_before_every_node_of_the_first_run_joined_is_not_counted(tmp_path):
+    """--nnodes 1:2 under load: node 0's agent alone forms a group of 2, node 1's agent arrives
+    later and the agents start again at 4. The group of 2 is early; the group of 4 is the first
+    run, and a later group of 2 (a shrink) is a restart."""
+    from resilience.core.elastic_layout import EARLY, Incarnation, TorchrunLayout, claim_incarnation
+
+    claimed = [[claim_incarnation(tmp_path, 0, size, first_size=4) for _ in range(size)] for size in (2, 4, 2)]
+    assert [set(group) for group in claimed] == [{Incarnation(0, EARLY)}, {Incarnation(0, 0)}, {Incarnation(0, 1)}]
+    layout = TorchrunLayout(tmp_path)
+    assert [layout.round_size(Incarnation(0, i)) for i in (0, 1)] == [4, 2]
+
+
 def test_the_per_node_command_is_the_documented_one(tmp_path):
     from resilience.launch.torchrun_command import TorchrunOptions, torchrun_command
     from resilience.run.nodes_job import driver_command

@@ -4,7 +4,6 @@ the oracle on its topology; node-wide stalls and partitions in the multi-node jo
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -25,19 +24,23 @@ GROW = """\
 #: a dead node is one whose heartbeat is 5 s old, not 2 s: with 2 x 1 s, on a loaded machine the
 #: spare's agent found node 0's heartbeat stale, removed the running node as dead
 #: (dynamic_rendezvous.py:475-513) and formed a round of its own instead of waiting to join
-GROW_RDZV = "join_timeout=90,last_call_timeout=1,close_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=5"
+GROW_RDZV = "join_timeout=90,last_call_timeout=10,close_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=5"
 
 
 def rounds(case_dir: Path, launch: int = 0) -> list[int]:
-    """The size of each rank group the agents formed in a launch, in order (`claim_incarnation`)."""
-    directory = case_dir / f"launch{launch}.rounds"
-    return [int((directory / name).read_text().split()[1])
-            for name in sorted((n for n in os.listdir(directory) if n.isdigit()), key=int)]
+    """The size of each rank group the agents formed in a launch, in order (`claim_incarnation`;
+    a group formed before every node of the first run joined is not counted)."""
+    from resilience.core.elastic_layout import Incarnation, TorchrunLayout
+
+    layout, sizes = TorchrunLayout(case_dir), []
+    while (size := layout.round_size(Incarnation(launch, len(sizes)))) is not None:
+        sizes.append(size)
+    return sizes
 
 
 def shrink_round_began(case_dir: Path) -> bool:
     """The survivors' smaller group has started (its first process claimed the round)."""
-    return (case_dir / "launch0.rounds" / "1").exists()
+    return len(rounds(case_dir)) >= 2
 
 
 @needs_nodes

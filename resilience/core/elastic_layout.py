@@ -24,7 +24,7 @@ import secrets
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .plan import PhasePlan
+from .plan import FIRST_RUN, PhasePlan
 
 LAUNCH_ENV = "RESILIENCE_TORCHRUN_LAUNCH"  # which launch of torchrun by the driver this process belongs to
 _INCARNATION = re.compile(r"^launch(\d+)\.restart(\d+)$")
@@ -101,11 +101,14 @@ class TorchrunLayout:
 
     def round_size(self, incarnation: Incarnation) -> int | None:
         """How many ranks the incarnation's group had (`claim_incarnation`'s record), or None."""
-        try:
-            return int((self.case_dir / f"launch{incarnation.launch}.rounds" / str(incarnation.restart))
-                       .read_text().split()[1])
-        except (FileNotFoundError, IndexError, ValueError):
-            return None
+        records = _rounds(self.case_dir / f"launch{incarnation.launch}.rounds")
+        counted = [size for _, size, early in records if not early]
+        return counted[incarnation.restart] if 0 <= incarnation.restart < len(counted) else None
+
+    def first_run_size(self) -> int | None:
+        """The first run's world size, from the driver's plan (None where it wrote none)."""
+        template = self.template(FIRST_RUN)
+        return PhasePlan.read(template).world_size if template.is_file() else None
 
     def incarnations(self) -> list[Incarnation]:
         return incarnations_in(self.case_dir)
@@ -134,7 +137,10 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(staging, path)
 
 
-def claim_incarnation(case_dir: Path, launch: int, world_size: int) -> Incarnation:
+EARLY = -1  # the restart index of a group formed before every node of the first run joined
+
+
+def claim_incarnation(case_dir: Path, launch: int, world_size: int, first_size: int | None = None) -> Incarnation:
     """Which start of the rank group this rank process belongs to, agreed by every rank of every
     node through the shared case directory (called once per process, as it starts).
 
@@ -144,7 +150,13 @@ def claim_incarnation(case_dir: Path, launch: int, world_size: int) -> Incarnati
     0. The starts of one launch are strictly sequential (an agent stops its workers before the next
     rendezvous round, and no round's workers start before every agent joined it), so each process
     takes the next ticket (1, 2, ...) and round ``i`` holds the tickets ``base < t <= base + size``;
-    the first process of a new round records it (``launch<L>.rounds/<i>``: "base size")."""
+    the first process of a new round records it (``launch<L>.rounds/<i>``: "base size").
+
+    With ``--nnodes MIN:MAX`` a round closes once MIN nodes joined and the last call passed: an
+    agent slower to start than that misses the first round, joins the next, and the agents start
+    again at the full size. A round of launch 0 smaller than ``first_size`` (the first run's
+    world size) before any full one is such an early round: recorded "base size early", its
+    processes get the restart index `EARLY` and the rounds after it are counted without it."""
     starts, rounds = case_dir / f"launch{launch}.starts", case_dir / f"launch{launch}.rounds"
     starts.mkdir(parents=True, exist_ok=True)
     rounds.mkdir(parents=True, exist_ok=True)
@@ -156,26 +168,29 @@ def claim_incarnation(case_dir: Path, launch: int, world_size: int) -> Incarnati
         except FileExistsError:
             ticket += 1
     while True:
-        index, base, size = _latest_round(rounds)
+        records = _rounds(rounds)
+        base, size, early = records[-1] if records else (0, 0, False)
         if base < ticket <= base + size:
-            return Incarnation(launch, index)
-        staging = rounds / f".{index + 1}.{os.getpid()}.{secrets.token_hex(4)}"
-        staging.write_text(f"{base + size} {world_size}")
+            return Incarnation(launch, EARLY if early else sum(not e for _, _, e in records) - 1)
+        early = (launch == 0 and first_size is not None and world_size < first_size
+                 and all(e for _, _, e in records))
+        staging = rounds / f".{len(records)}.{os.getpid()}.{secrets.token_hex(4)}"
+        staging.write_text(f"{base + size} {world_size}{' early' if early else ''}")
         try:
-            os.link(staging, rounds / str(index + 1))  # atomic, and refused when another rank was first
+            os.link(staging, rounds / str(len(records)))  # atomic, and refused when another rank was first
         except FileExistsError:
             pass
         finally:
             staging.unlink()
 
 
-def _latest_round(rounds: Path) -> tuple[int, int, int]:
-    """(index, base, size) of the newest round recorded; (-1, 0, 0) before the first."""
-    indices = [int(name) for name in os.listdir(rounds) if name.isdigit()]
-    if not indices:
-        return -1, 0, 0
-    base, size = (rounds / str(max(indices))).read_text().split()
-    return max(indices), int(base), int(size)
+def _rounds(rounds: Path) -> list[tuple[int, int, bool]]:
+    """(base, size, early) of every round recorded, oldest first."""
+    records = []
+    for index in sorted(int(name) for name in os.listdir(rounds) if name.isdigit()) if rounds.is_dir() else ():
+        fields = (rounds / str(index)).read_text().split()
+        records.append((int(fields[0]), int(fields[1]), fields[2:] == ["early"]))
+    return records
 
 
 NODE_ENV = "RESILIENCE_NODE"  # the node a process runs on (0, 1, ...), set for a node's launcher

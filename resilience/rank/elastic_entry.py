@@ -21,7 +21,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..core.elastic_layout import LAUNCH_ENV, NODE_ENV, Incarnation, TorchrunLayout, claim_incarnation, write_atomically
+from ..core.elastic_layout import (EARLY, LAUNCH_ENV, NODE_ENV, Incarnation, TorchrunLayout, claim_incarnation,
+                                   write_atomically)
 from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
 from ..core.events import EventLog
 from .worker import die_with_parent, redirect_output, report_failure
@@ -36,8 +37,11 @@ def main(argv: list[str]) -> int:
     layout = TorchrunLayout(Path(argv[1]))
     rank = int(os.environ["RANK"])
     incarnation = claim_incarnation(layout.case_dir, int(os.environ.get(LAUNCH_ENV, "0")),
-                                    int(os.environ["WORLD_SIZE"]))
+                                    int(os.environ["WORLD_SIZE"]), layout.first_run_size())
     die_with_parent()  # with torchrun's agent
+    if incarnation.restart == EARLY:  # a node of the first run is still to join: its agent waits for
+        while True:                   # ours to see it (num_nodes_waiting) and tear this group down
+            time.sleep(60)
     layout.incarnation_dir(incarnation).mkdir(parents=True, exist_ok=True)
     child = os.fork()
     if child == 0:
