@@ -8,19 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_nodes import assert_nothing_left, events, needs_nodes, phase_events, scenario_file
+from tests.test_nodes import SHRINK, assert_nothing_left, events, needs_nodes, phase_events, scenario_file
 
-GROW = """\
-    name: node 1 lost, the job shrinks to node 0, a spare grows it back
-    description: torch.rank0, node 1 lost in the step-6 all-reduce; node 0 goes on alone, then a spare joins
-    strategy: torch.rank0
-    workload: {model: mlp, world_size: 4, steps: 8, checkpoint_every: 4, seed: 0}
-    topology: {nodes: 2}
-    fault: {kind: node_loss, rank: 2, step: 6, phase: train}
-    restart: {world_size: 2}
-    timeouts: {collective: 20, phase: 90}
-    expect: recovers
-    """
 #: a dead node is one whose heartbeat is 5 s old, not 2 s: with 2 x 1 s, on a loaded machine the
 #: spare's agent found node 0's heartbeat stale, removed the running node as dead
 #: (dynamic_rendezvous.py:475-513) and formed a round of its own instead of waiting to join
@@ -47,7 +36,7 @@ def shrink_round_began(case_dir: Path) -> bool:
 def test_a_spare_grows_the_shrunk_job_back_and_the_grown_restore_is_judged(tmp_path):
     from resilience.run.nodes_job import run_job_on_nodes
 
-    job = run_job_on_nodes(scenario_file(tmp_path, GROW), None, nodes=2, nproc_per_node=2, spares=1,
+    job = run_job_on_nodes(scenario_file(tmp_path, SHRINK), None, nodes=2, nproc_per_node=2, spares=1,
                            work_dir=tmp_path / "job", min_nodes=1, share_store=False, deadline_s=240,
                            rdzv_conf=GROW_RDZV, grow_when=shrink_round_began)
     assert_nothing_left(job)
