@@ -10,7 +10,7 @@ from resilience.core.case import VerdictKind
 from .harness_helpers import run_case
 
 ABORT_PROBE = textwrap.dedent('''
-    import datetime, sys, torch, torch.distributed as dist
+    import datetime, os, sys, torch, torch.distributed as dist
     rank, store_path = int(sys.argv[1]), sys.argv[2]
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=60))
@@ -19,7 +19,10 @@ ABORT_PROBE = textwrap.dedent('''
     if rank == 1:
         dist.distributed_c10d._get_default_group().abort()
     dist.all_reduce(t)
-    print("second all_reduce", t.item())
+    print("second all_reduce", t.item(), flush=True)
+    # what is measured ends here: rank 0's group destructor at interpreter exit, its peer gone,
+    # once hit std::terminate ("terminate called without an active exception", SIGABRT) under -n 2
+    os._exit(0)
 ''')
 
 
