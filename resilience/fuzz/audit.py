@@ -182,19 +182,18 @@ def simpler(d: Draw) -> Iterator[Draw]:
 def shrink(found: Draw, judge: Callable[[Draw], str], budget: int,
            runs: Callable[[], int] | None = None) -> tuple[Draw, int]:
     """The smallest draw still caught that ``budget`` runs reach, and the runs spent."""
-    tried = [0]
     before = runs() if runs else 0
-    spent = (lambda: runs() - before) if runs else (lambda: tried[0])
-    improved = True
-    while improved and spent() < budget:
+    spent, improved = 0, True
+    while improved and spent < budget:
         improved = False
         for candidate in simpler(found):
             if candidate.size() >= found.size() or not candidate.checkpoints:
                 continue
-            if spent() >= budget:
+            if spent >= budget:
                 break
-            tried[0] += 1
-            if judge(candidate) == "caught":
+            caught = judge(candidate) == "caught"
+            spent = runs() - before if runs else spent + 1
+            if caught:
                 found, improved = candidate, True
                 break
-    return found, spent()
+    return found, spent
