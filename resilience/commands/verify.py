@@ -43,7 +43,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"  {finding}")
     if not verdict.ok:
         for view in verdict.ranks:
-            if view.error and view.stderr_tail.strip():
+            if (view.error or view.returncode not in (0, None)) and view.stderr_tail.strip():
                 tail = "\n".join(view.stderr_tail.strip().splitlines()[-8:])
                 print(f"--- rank {view.rank} stderr (tail) ---\n{tail}", file=sys.stderr)
     return 0 if verdict.ok else 1

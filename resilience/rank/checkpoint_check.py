@@ -94,4 +94,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    from .worker import exit_now
+
+    exit_now(main(sys.argv))  # no interpreter finalization: see exit_now

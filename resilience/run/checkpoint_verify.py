@@ -124,7 +124,8 @@ def _judge(views: list[RankView], events: dict, step_check: bool, timed_out: boo
         if view.error:
             failures.append(f"rank {view.rank} could not load the checkpoint: {view.error}")
         elif view.returncode not in (0, None):
-            failures.append(f"rank {view.rank} died with exit status {view.returncode} without raising")
+            when = " after its checks were done (at exit)" if "done" in events.get(view.rank, {}) else ""
+            failures.append(f"rank {view.rank} died with exit status {view.returncode} without raising{when}")
     if timed_out:
         failures.append(f"the ranks did not finish within {deadline_s:g} s (a hang in load or in a collective)")
     steps = {v.rank: v.step for v in views if v.step is not None}
