@@ -17,6 +17,9 @@ cleaned up after itself leaves it nothing to do.
 Kinds: ``pgid`` (a process group the harness started: a rank leads its own), ``mount`` (a mount
 point), ``netns`` (a name under /run/netns: every process still in it is SIGKILLed before it is
 deleted, since deleting a namespace ends none of them), ``dir`` (a directory tree).
+
+The janitor runs on the standard library alone, so the harness's one way to signal its own
+processes lives here too (``signal_process``, ``kill_group``, ``stop_all``), used on both sides.
 """
 from __future__ import annotations
 
@@ -29,13 +32,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 KINDS = ("pgid", "mount", "netns", "dir")
 GROUP_EXIT_WAIT_S = 5.0  # for SIGKILLed groups to be gone before their directories are removed
 COMMAND_TIMEOUT_S = 30.0
+STOP_SWEEPS = 20  # a process forked while a set is being stopped is caught by the next sweep
 
 _lock = threading.Lock()
 _janitor: subprocess.Popen | None = None
@@ -115,10 +119,10 @@ def free(registry: dict[str, list[str]]) -> None:
     rest."""
     groups = [int(pgid) for pgid in registry["pgid"]]
     for pgid in groups:
-        _kill_group(pgid)
+        kill_group(pgid)
     for name in registry["netns"]:  # a node's processes lead sessions of their own (torch elastic's workers)
-        for pid in namespace_pids(name):
-            _kill_process(pid)
+        for pid in stop_all(lambda: namespace_pids(name)):
+            signal_process(pid, signal.SIGKILL)
     _wait_gone(groups)
     for mount in sorted(registry["mount"], key=lambda path: path.count("/"), reverse=True):
         _run(["umount", "-l", mount])  # lazy: a process in its last moments may still hold a file
@@ -138,18 +142,36 @@ def namespace_pids(name: str) -> list[int]:
     return [int(pid) for pid in result.stdout.split() if pid.isdigit()] if result.returncode == 0 else []
 
 
-def _kill_process(pid: int) -> None:
+# -- shared with the harness: one way to signal processes it started -------------------------------
+def signal_process(pid: int, signum: int) -> None:
+    """Send ``signum`` to ``pid`` unless it is gone (or its pid now names a process not ours)."""
     try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
 
 
-def _kill_group(pgid: int) -> None:
+def kill_group(pgid: int) -> None:
+    """SIGKILL process group ``pgid`` (SIGKILL reaches stopped processes too)."""
     try:
-        os.killpg(pgid, signal.SIGKILL)  # SIGKILL reaches stopped processes too
+        os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def stop_all(list_pids: Callable[[], Iterable[int]]) -> set[int]:
+    """SIGSTOP every process ``list_pids`` names, sweeping again until a sweep finds none new;
+    returns those stopped. SIGKILLed afterwards, such a set dies at once: none of its processes
+    sees another one die first (a machine losing power), none forks a replacement."""
+    stopped: set[int] = set()
+    for _ in range(STOP_SWEEPS):
+        fresh = set(list_pids()) - stopped
+        if not fresh:
+            break
+        for pid in fresh:
+            signal_process(pid, signal.SIGSTOP)
+        stopped |= fresh
+    return stopped
 
 
 def _wait_gone(groups: list[int]) -> None:

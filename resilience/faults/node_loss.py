@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..core.elastic_layout import NODE_NAMESPACE_ENV
+from ..core.janitor import signal_process, stop_all
 from ..core.topology import NODE_LOCAL
 from ..errors import ScenarioError
 from .base import CaseEnvironment
@@ -31,7 +32,6 @@ from .kill import Kill
 from .netns import is_in_namespace, processes_in_my_namespace
 
 PR_SET_PDEATHSIG = 1
-STOP_SWEEPS = 20  # processes forked while the node is being stopped are caught by the next sweep
 GONE_WAIT_S = 5.0
 
 
@@ -94,18 +94,11 @@ class NodeLoss(Kill):
             raise RuntimeError(f"node_loss: {NODE_NAMESPACE_ENV} is {namespace!r}, but this rank is not in "
                                f"that network namespace (or it is the machine's own): refusing to kill it")
         _outlive_parent()  # killing its parent must not end this process before the last SIGKILL is sent
-        stopped: set[int] = set()
-        for _ in range(STOP_SWEEPS):
-            fresh = set(processes_in_my_namespace()) - stopped
-            if not fresh:
-                break
-            for pid in fresh:
-                _signal(pid, signal.SIGSTOP)
-            stopped |= fresh
+        stopped = stop_all(processes_in_my_namespace)
         if self.spec.params["local_storage"] == "lost":
             _empty(self.env.checkpoint_dir)
         for pid in stopped:
-            _signal(pid, signal.SIGKILL)
+            signal_process(pid, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(3600)
 
@@ -113,13 +106,6 @@ class NodeLoss(Kill):
 def _outlive_parent() -> None:
     """Undo PR_SET_PDEATHSIG (`resilience.rank.worker.die_with_parent`) for this process."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 0)
-
-
-def _signal(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def _empty(directory: Path) -> None:

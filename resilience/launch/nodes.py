@@ -41,7 +41,6 @@ from ..core.elastic_layout import NODE_ENV, NODE_NAMESPACE_ENV
 from ..errors import NetworkError
 from ..faults.netns import IFNAME, Topology, remove_stale_namespaces
 
-KILL_SWEEPS = 20  # SIGSTOP sweeps before the SIGKILL; a node with a fork bomb is not a case
 GONE_WAIT_S = 10.0
 
 
@@ -129,16 +128,9 @@ class Nodes:
     def kill(self, index: int) -> list[int]:
         """SIGKILL every process of node ``index`` at once (stopped first, see the module's
         docstring); returns their pids once they are gone."""
-        stopped: set[int] = set()
-        for _ in range(KILL_SWEEPS):
-            fresh = set(self.pids(index)) - stopped
-            if not fresh:
-                break
-            for pid in fresh:
-                _signal(pid, signal.SIGSTOP)
-            stopped |= fresh
+        stopped = janitor.stop_all(lambda: self.pids(index))
         for pid in stopped:
-            _signal(pid, signal.SIGKILL)
+            janitor.signal_process(pid, signal.SIGKILL)
         self._reap()
         deadline = time.monotonic() + GONE_WAIT_S
         while self.pids(index) and time.monotonic() < deadline:
@@ -178,11 +170,3 @@ class Nodes:
                     process.wait(timeout=0.05)
                 except subprocess.TimeoutExpired:
                     pass
-
-
-def _signal(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
-

@@ -16,6 +16,7 @@ from pathlib import Path
 from dataclasses import replace
 
 from ..core import janitor
+from ..core.janitor import kill_group, signal_process
 from ..core.events import read_events
 from ..core.plan import PhasePlan
 from ..core.records import PhaseResult
@@ -275,17 +276,3 @@ def _grace(group: RankGroup) -> list[int | None]:
         time.sleep(group.poll_s)
         codes = group.poll()
     return codes
-
-
-def kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)  # SIGKILL reaches stopped processes too
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def signal_process(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
