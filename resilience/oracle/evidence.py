@@ -9,7 +9,7 @@ import signal
 import time
 from collections.abc import Iterable
 
-from ..core.events import read_events, tail
+from ..core.events import EventFollower, read_events, tail
 from ..core.plan import PhasePlan
 from ..core.records import PhaseResult, RankError, RankRecord
 
@@ -33,9 +33,9 @@ def collect_phase(plan: PhasePlan, status: str, codes: list[int | None], elapsed
                        first_error=first_error, fault_events=fault_events, elapsed_s=elapsed)
 
 
-def phase_events(plan: PhasePlan) -> list[dict]:
-    """Every event every rank of the phase has written so far."""
-    return [e for rank in range(plan.world_size) for e in read_events(plan.events_path(rank))]
+def follow_phase_events(plan: PhasePlan) -> EventFollower:
+    """Every event every rank of the phase has written so far, read as the files grow."""
+    return EventFollower(lambda: [plan.events_path(rank) for rank in range(plan.world_size)])
 
 
 def first_error_of(phase: str, records: Iterable[RankRecord]) -> RankError | None:

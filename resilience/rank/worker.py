@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
-import json
 import os
 import resource
 import signal

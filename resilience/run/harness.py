@@ -18,7 +18,7 @@ from .reference_cache import ReferenceCache, reference_key
 from ..core.case import Case
 from ..core.topology import Topology
 from ..core.records import CaseResult, PhaseResult
-from ..oracle.evidence import collect_phase, phase_events, stderr_tails
+from ..oracle.evidence import collect_phase, follow_phase_events, stderr_tails
 from ..oracle.judge import ended_as_reference, judge
 from .supervisor import LocalRanks, collect, deadline_after, supervise
 
@@ -144,7 +144,8 @@ class Harness:
         plan.write(plan_path)
         expired = deadline_after(case.timeouts.phase_s)
         group = LocalRanks((backend or self.backend).start(plan, plan_path))
-        watch = (lambda: supervisor.supervise(phase_events(plan), group.ranks)) if supervisor is not None else None
+        events = follow_phase_events(plan)
+        watch = (lambda: supervisor.supervise(events(), group.ranks)) if supervisor is not None else None
         return collect(plan, supervise(group, expired, watch))
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..launch.backend import BACKENDS, DEFAULT_BACKEND
-from ..errors import LauncherUnavailable, NotExpressible, ResilienceError, Unavailable
+from ..errors import LauncherUnavailable, NotExpressible
 from ..core.records import CaseResult
 from .harness import Harness
 from .reference_cache import ReferenceCache

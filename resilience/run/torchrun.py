@@ -5,7 +5,7 @@
 The driver writes the case and its phase plans into a case directory, launches
 ``torchrun ... -m resilience.rank.elastic_entry CASE_DIR`` (see that module for what each incarnation
 does), enforces the phase deadline, and judges the files the ranks wrote with the oracle the local
-harness uses (`verify.judge`), so the result is the same `CaseResult`.
+harness uses (`oracle.judge`), so the result is the same `CaseResult`.
 
 Restarts: a rank that dies or raises makes the agent restart the whole group (on several nodes
 every agent, and a spare node's joins), which restores and trains to the end; with ``min_nodes``
@@ -28,14 +28,13 @@ from pathlib import Path
 from ..core import janitor, registry
 from ..launch.backend import rank_environment
 from ..core.elastic_layout import LAUNCH_ENV, Incarnation, TorchrunLayout
-from ..errors import HarnessError, ResilienceError, StrategyUnavailable, TorchrunIncompatible
+from ..errors import HarnessError, StrategyUnavailable, TorchrunIncompatible
 from ..faults.base import CaseEnvironment, Fault
 from ..core.records import CaseResult, PhaseResult
 from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
 from ..core.case import Case
-from ..core.events import read_events, tail
+from ..core.events import EventFollower, read_events, tail
 from ..oracle.evidence import collect_phase, launcher_error, stderr_tails, where_waiting
-from ..oracle.judge import judge
 from ..core.topology import NODE_LOCAL
 from .elastic_grow import is_grown, judge_job, superseded
 from .local_probe import continue_in_local_ranks, probe_in_local_ranks
@@ -191,9 +190,9 @@ class _Driver:
             return found[0] is not None
 
         first_run = self.layout.phase_dir(Incarnation(0, 0), FIRST_RUN)
-        watch = (lambda: supervisor.supervise(
-            [e for path in sorted(first_run.glob("rank*.events.jsonl")) for e in read_events(path)],
-            group.rank_handles(self.case.workload.world_size))) if supervisor is not None else None
+        events = EventFollower(lambda: sorted(first_run.glob("rank*.events.jsonl")))
+        watch = ((lambda: supervisor.supervise(events(), group.rank_handles(self.case.workload.world_size)))
+                 if supervisor is not None else None)
         end = supervise(group, expired, watch)
         return _Hang(found[0].incarnation, found[0].phase, end.stopped) if end.status == "deadline" else None
 
