@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import sys
-import traceback
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -75,7 +74,7 @@ def run(plan: CheckPlan, rank: int, emit) -> None:
 
 def main(argv: list[str]) -> int:
     from ..core.events import EventLog
-    from .worker import die_with_parent, exception_chain
+    from .worker import die_with_parent, report_failure
 
     plan = CheckPlan.read(Path(argv[1]))
     rank = int(argv[2])
@@ -85,10 +84,7 @@ def main(argv: list[str]) -> int:
     try:
         run(plan, rank, events.emit)
     except BaseException as exc:  # every failure is evidence: the checkpoint did not load here
-        events.emit("error", type=type(exc).__name__, message=str(exc)[:4000], chain=exception_chain(exc),
-                    traceback=traceback.format_exc()[-8000:])
-        traceback.print_exc()
-        sys.stderr.flush()
+        report_failure(events, exc)
         os._exit(1)  # peers may wait in a collective
     return 0
 
