@@ -24,6 +24,7 @@ The paths come from `megatron_layout`, which the fuzzer evaluates without proces
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -37,8 +38,7 @@ from .megatron_layout import checkpoint_file, tracked_iteration, write_tracker
 CHECKPOINT_VERSION = 3.0
 
 
-
-def agreed_iteration(checkpoint_dir) -> int | None:
+def agreed_iteration(checkpoint_dir: Path) -> int | None:
     """Megatron's read_metadata, every rank: the tracker's iteration, the ranks agreeing on the
     maximum (an all-reduce); None (after a barrier) when there is no tracker."""
     iteration = tracked_iteration(checkpoint_dir)
@@ -48,6 +48,7 @@ def agreed_iteration(checkpoint_dir) -> int | None:
     newest = torch.tensor([iteration], device=rank_device())  # a CUDA tensor under NCCL
     dist.all_reduce(newest, op=dist.ReduceOp.MAX)
     return int(newest)
+
 
 class MegatronCheckpoint(CheckpointStrategy):
     """Megatron-LM's ``mp_rank_XX`` checkpoints of a model-parallel workload (``tp_mlp``)."""
