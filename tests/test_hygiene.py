@@ -132,9 +132,9 @@ class Run:
         return [name for name in names if any(name.startswith(f"resilience-{pid}-") for pid in pids)]
 
     def leftover_files(self) -> list[str]:
-        """What the run left in TMPDIR; torch's own per-user compile cache (``torchinductor_<user>``,
-        made by ``import torch`` in the forkserver and shared by every torch program) is torch's."""
-        return sorted(p.name for p in self.tmp.iterdir() if not p.name.startswith("torchinductor_"))
+        """What the run left in TMPDIR (torch's compile cache too: the forkserver keeps it in its own
+        multiprocessing directory, see `resilience.rank.zygote`)."""
+        return sorted(p.name for p in self.tmp.iterdir())
 
     def wait_mid_case(self, kind: str) -> None:
         """Until the first run is under way with its resources in place (the fault fired, or the
