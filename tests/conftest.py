@@ -1,6 +1,18 @@
+import atexit
+import os
+import shutil
+import tempfile
+
 import pytest
 
 from resilience.commands.pytest_plugin import fail_skips_in_ci
+
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    # torch 2.13.0 makes its compile cache directory ($TMPDIR/torchinductor_<user>) when
+    # torch._dynamo loads (megatron-core's import in a test process does) and never removes it
+    _compile_cache = tempfile.mkdtemp(prefix="resilience-tests-compile-cache-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _compile_cache
+    atexit.register(shutil.rmtree, _compile_cache, True)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -97,6 +97,7 @@ class Run:
         env = dict(os.environ, TMPDIR=str(self.tmp), RESILIENCE_CACHE=str(root / "cache"),
                    PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), **{MARKER: self.token})
         env.pop("CI", None)  # the inner run's verdicts do not matter here
+        env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # set by conftest for this process: the inner run places its own
         self.log = open(root / "pytest.log", "wb")  # noqa: SIM115 (closed in stop)
         self.pytest = subprocess.Popen(
             [sys.executable, "-m", "pytest", str(scenario_file), "-p", "no:cacheprovider", "-q",
