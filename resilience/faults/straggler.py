@@ -4,11 +4,14 @@ of, an upload or async-save worker that outlived its job).
 
 After the ``step`` save returned on every rank, the trigger rank starts a real helper process in
 its own session (so the kill of the rank's process group does not reach it) and dies, which stops
-the first run as ``version_mismatch`` does. The helper waits for the restart to begin, then
-writes the stale file matching ``source`` (say this rank's file of the previous checkpoint) over
-every file matching ``file`` written during the ``step`` save, every ``interval`` seconds, each
-time to a temporary name and renamed into place (a reader sees the whole stale file, never a torn
-one). It stops after ``seconds`` on its own; the harness SIGKILLs it by pid at teardown anyway.
+the first run as ``version_mismatch`` does. Once the first run has ended the harness releases the
+helper and waits until its first write has landed, so the restart always begins with a straggler
+at work (a helper still starting up on a loaded machine would otherwise miss the restore). From
+then on the helper writes the stale file matching ``source`` (say this rank's file of the previous
+checkpoint) over every file matching ``file`` written during the ``step`` save, every ``interval``
+seconds, each time to a temporary name and renamed into place (a reader sees the whole stale file,
+never a torn one). It stops after ``seconds`` on its own; the harness SIGKILLs it by pid at
+teardown anyway.
 
     python -m resilience.faults.straggler CONFIG_JSON    (started by the fault, never by hand)
 """
@@ -25,12 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from ..core.confined import resolve_under
+from ..errors import HarnessError
 from .base import CaseEnvironment
 from .corruption import DamageAfterSave, file_identities
 
 PIDS_FILE = "straggler.pids"  # in the case directory: one pid per line, for teardown
+RELEASE_FILE = "straggler.release"  # made by the harness once the first run ended
+FIRST_WRITE_FILE = "straggler.wrote"  # made by the helper once every target holds the stale file
 MODULE = "resilience.faults.straggler"
 EXIT_WAIT_S = 10.0
+FIRST_WRITE_WAIT_S = 120.0  # a cold interpreter on two loaded cores; the helper is waited for, never raced
 
 
 class Straggler(DamageAfterSave):
@@ -56,7 +63,8 @@ class Straggler(DamageAfterSave):
                              f"{root}; it matched {sources}")
         case_dir = self.env.case_dir
         config = {"source": str(resolve_under(root, sources[0])), "targets": [str(p) for p in paths],
-                  "wait_for": str(case_dir / "restart"), "seconds": self.spec.params["seconds"],
+                  "wait_for": str(case_dir / RELEASE_FILE), "wrote": str(case_dir / FIRST_WRITE_FILE),
+                  "wait_s": FIRST_WRITE_WAIT_S, "seconds": self.spec.params["seconds"],
                   "interval": self.spec.params["interval"]}
         from ..core.paths import PROJECT_ROOT
 
@@ -69,6 +77,18 @@ class Straggler(DamageAfterSave):
         return {"source": sources[0], "straggler_pid": helper.pid}
 
     # -- harness side ---------------------------------------------------------------------------
+    def heal(self, env: CaseEnvironment) -> None:
+        """Release the straggler and return once its first write landed (the restart begins next)."""
+        if not (env.case_dir / PIDS_FILE).exists():
+            return  # the trigger never fired
+        (env.case_dir / RELEASE_FILE).touch()
+        deadline = time.monotonic() + FIRST_WRITE_WAIT_S
+        while not (env.case_dir / FIRST_WRITE_FILE).exists():
+            if time.monotonic() > deadline:
+                raise HarnessError(f"the straggler started for {env.case_dir} did not write within "
+                                   f"{FIRST_WRITE_WAIT_S:.0f} s of its release; the case cannot show split brain")
+            time.sleep(0.01)
+
     def teardown(self, env: CaseEnvironment) -> None:
         """SIGKILL every straggler this case started, by pid, and wait until each is gone."""
         try:
@@ -105,17 +125,22 @@ def _alive(pid: int) -> bool:
 
 def main(argv: list[str]) -> int:
     config = json.loads(argv[1])
-    deadline = time.monotonic() + config["seconds"]
+    release_deadline = time.monotonic() + config["wait_s"]
     while not Path(config["wait_for"]).exists():  # the previous incarnation outlives its job
-        if time.monotonic() > deadline:
+        if time.monotonic() > release_deadline:
             return 0
         time.sleep(0.005)
     stale = Path(config["source"]).read_bytes()
-    while time.monotonic() < deadline:
+    deadline = time.monotonic() + config["seconds"]
+    first = True
+    while first or time.monotonic() < deadline:
         for target in map(Path, config["targets"]):
             staging = target.with_name(f".{target.name}.straggler")
             staging.write_bytes(stale)
             os.replace(staging, target)
+        if first:
+            Path(config["wrote"]).touch()
+            first = False
         time.sleep(config["interval"])
     return 0
 
