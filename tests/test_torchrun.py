@@ -101,7 +101,9 @@ def test_the_cli_runs_a_scenario_under_torchrun_and_refuses_incompatible_cases(t
     ({"fault": {"kind": "stall", "rank": 1, "step": 6, "phase": "train", "seconds": 3}}, {},
      "driven from outside the ranks"),
     ({"fault": {"kind": "preempt", "rank": 1, "step": 6, "phase": "train"}}, {}, "driven from outside the ranks"),
-    ({"fault": {"kind": "disk_full", "rank": 0, "step": 8, "after_bytes": 5}}, {}, "repaired between"),
+    ({"fault": {"kind": "disk_full", "rank": 0, "step": 8, "after_bytes": 5}}, {}, "repaired or released between"),
+    ({"fault": {"kind": "straggler", "rank": 1, "step": 8, "file": "step_00000008*_rank_1.pt",
+                "source": "step_00000004*_rank_1.pt"}}, {}, "repaired or released between"),
     ({}, {"nproc_per_node": 3}, "nnodes 1 x nproc_per_node 3 = 3"),
     ({}, {"nnodes": 2}, "need rdzv_endpoint"),
 ])

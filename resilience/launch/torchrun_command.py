@@ -116,6 +116,6 @@ def incompatibility(case: Case, options: TorchrunOptions = TorchrunOptions()) ->
                 f"(signals, network rules); under torchrun faults act only from inside the ranks, "
                 f"or with several nodes a stall or partition of scope node (its node's driver drives it)")
     if fault.heal is not Fault.heal and not node_wide:
-        return (f"{where}: fault {case.fault.kind} is repaired between the first run and the restart "
+        return (f"{where}: fault {case.fault.kind} is repaired or released between the first run and the restart "
                 f"(heal), a moment torchrun's agent does not offer")
     return None
