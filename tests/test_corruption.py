@@ -268,6 +268,10 @@ def test_a_straggler_writes_during_the_restart_and_is_killed_by_pid_afterwards(t
         pid = fired["straggler_pid"]
         assert not Path(f"/proc/{pid}").exists() or " Z " in Path(f"/proc/{pid}/stat").read_text()
         assert (result.work_dir / "straggler.pids").read_text().split() == [str(pid)]
+        # released between the runs: its first write landed before any rank of the restart started
+        wrote = (result.work_dir / "straggler.wrote").stat().st_mtime
+        first_event = min(e["time"] for record in result.phases[2].ranks for e in record.events)
+        assert wrote <= first_event + 0.05  # a file's mtime is the kernel's coarse clock
     finally:
         import shutil
 
