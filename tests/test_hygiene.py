@@ -65,6 +65,13 @@ PARTITION = f"""\
     """
 CASES = {"stall": STALL, "tmpfs": TMPFS, "partition": PARTITION}
 
+# A terminal's job gets Ctrl-C; a process started in the background by a non-interactive shell
+# (`cmd &`, as a CI runner may start this suite) inherits SIGINT ignored, Python then keeps it
+# ignored, and the interrupt under test would never arrive. The inner run starts as a terminal's
+# job does: SIGINT at its default, which survives the exec (Python then installs KeyboardInterrupt).
+AS_FROM_A_TERMINAL = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                      "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+
 
 def _needs(kind: str) -> None:
     """tmpfs and partition cases need root (and the network tools); elsewhere skipped (with
@@ -100,8 +107,8 @@ class Run:
         env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # set by conftest for this process: the inner run places its own
         self.log = open(root / "pytest.log", "wb")  # noqa: SIM115 (closed in stop)
         self.pytest = subprocess.Popen(
-            [sys.executable, "-m", "pytest", str(scenario_file), "-p", "no:cacheprovider", "-q",
-             f"--basetemp={root / 'basetemp'}", *extra],
+            [sys.executable, "-c", AS_FROM_A_TERMINAL, "-m", "pytest", str(scenario_file), "-p", "no:cacheprovider",
+             "-q", f"--basetemp={root / 'basetemp'}", *extra],
             cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True)
 
@@ -166,23 +173,27 @@ class Run:
     def wait_exit(self, ranks: list[int]) -> None:
         deadline = time.monotonic() + RANKS_GONE_DEADLINE_S
         while any(_running(pid) for pid in ranks):
-            assert time.monotonic() < deadline, (f"ranks {[p for p in ranks if _running(p)]} still running "
-                                                 f"{RANKS_GONE_DEADLINE_S} s after the interrupt:\n{self.output()}")
+            if time.monotonic() > deadline:
+                self.fail_with_stacks(f"ranks {[p for p in ranks if _running(p)]} still running "
+                                      f"{RANKS_GONE_DEADLINE_S} s after the interrupt")
             time.sleep(0.05)
         try:
             self.pytest.wait(timeout=EXIT_DEADLINE_S)
         except subprocess.TimeoutExpired:
-            # where it waits: pytest's faulthandler prints every thread's stack on SIGABRT
-            left = sorted(self.marked_processes().items())
-            states = {pid: _state(pid) for pid, _ in left}
-            os.kill(self.pytest.pid, signal.SIGABRT)
-            try:
-                self.pytest.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-            raise AssertionError(f"pytest still running {EXIT_DEADLINE_S} s after the interrupt; its processes "
-                                 f"(pid: state, command): {[(pid, states[pid], cmd) for pid, cmd in left]}\n"
-                                 f"{self.output()}") from None
+            self.fail_with_stacks(f"pytest still running {EXIT_DEADLINE_S} s after the interrupt")
+
+    def fail_with_stacks(self, what: str) -> None:
+        """Fail showing where the run waits: the state of each of its processes, and every thread's
+        stack in pytest (its faulthandler prints them on SIGABRT)."""
+        left = sorted(self.marked_processes().items())
+        states = {pid: _state(pid) for pid, _ in left}
+        os.kill(self.pytest.pid, signal.SIGABRT)
+        try:
+            self.pytest.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        raise AssertionError(f"{what}; its processes (pid: state, command): "
+                             f"{[(pid, states[pid], cmd) for pid, cmd in left]}\n{self.output()}")
 
     def leftovers(self) -> dict[str, list]:
         """What is still there once the janitor had its time (empty lists: nothing)."""
