@@ -279,6 +279,26 @@ def test_a_straggler_writes_during_the_restart_and_is_killed_by_pid_afterwards(t
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_straggler_gone_before_its_first_write_is_a_harness_error_at_once(tmp_path):
+    import subprocess
+    import time
+
+    from resilience.errors import HarnessError
+    from resilience.faults.straggler import PIDS_FILE, Straggler
+
+    case = case_from(fault={"kind": "straggler", "rank": 1, "step": 8, "file": "step_00000008/*_rank_1.pt",
+                            "source": "step_00000004/*_rank_1.pt"})
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    (tmp_path / PIDS_FILE).write_text(f"{exited.pid}\n")
+    env = CaseEnvironment(case=case, case_dir=tmp_path, checkpoint_dir=tmp_path / "checkpoints")
+    started = time.monotonic()
+    with pytest.raises(HarnessError, match="exited before its first write"):
+        Straggler(case.fault).heal(env)
+    assert time.monotonic() - started < 60  # not the 120 s a silent helper gets
+    Straggler(case.fault).heal(CaseEnvironment(case=case, case_dir=tmp_path / "unfired", checkpoint_dir=tmp_path))
+
+
 def test_tag_mismatch_needs_a_strategy_that_names_its_tag():
     with pytest.raises(ScenarioError) as info:
         case_from(strategy="torch.per_rank", fault={"kind": "tag_mismatch", "rank": 1, "step": 4})

@@ -79,22 +79,22 @@ class Straggler(DamageAfterSave):
     # -- harness side ---------------------------------------------------------------------------
     def heal(self, env: CaseEnvironment) -> None:
         """Release the straggler and return once its first write landed (the restart begins next)."""
-        if not (env.case_dir / PIDS_FILE).exists():
+        pids = _started(env)
+        if not pids:
             return  # the trigger never fired
         (env.case_dir / RELEASE_FILE).touch()
         deadline = time.monotonic() + FIRST_WRITE_WAIT_S
         while not (env.case_dir / FIRST_WRITE_FILE).exists():
-            if time.monotonic() > deadline:
-                raise HarnessError(f"the straggler started for {env.case_dir} did not write within "
-                                   f"{FIRST_WRITE_WAIT_S:.0f} s of its release; the case cannot show split brain")
+            gone = not any(_alive(pid) for pid in pids) and not (env.case_dir / FIRST_WRITE_FILE).exists()
+            if gone or time.monotonic() > deadline:
+                how = "exited" if gone else f"did not write within {FIRST_WRITE_WAIT_S:.0f} s of its release"
+                raise HarnessError(f"the straggler started for {env.case_dir} {how} before its first write; "
+                                   f"the case cannot show split brain")
             time.sleep(0.01)
 
     def teardown(self, env: CaseEnvironment) -> None:
         """SIGKILL every straggler this case started, by pid, and wait until each is gone."""
-        try:
-            pids = [int(line) for line in (env.case_dir / PIDS_FILE).read_text().split()]
-        except FileNotFoundError:
-            return
+        pids = _started(env)
         for pid in pids:
             if _is_our_straggler(pid, env.case_dir):
                 try:
@@ -104,6 +104,14 @@ class Straggler(DamageAfterSave):
         deadline = time.monotonic() + EXIT_WAIT_S
         while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
             time.sleep(0.02)
+
+
+def _started(env: CaseEnvironment) -> list[int]:
+    """The stragglers this case started (none where the trigger never fired)."""
+    try:
+        return [int(line) for line in (env.case_dir / PIDS_FILE).read_text().split()]
+    except FileNotFoundError:
+        return []
 
 
 def _is_our_straggler(pid: int, case_dir: Path) -> bool:
@@ -130,19 +138,22 @@ def main(argv: list[str]) -> int:
         if time.monotonic() > release_deadline:
             return 0
         time.sleep(0.005)
-    stale = Path(config["source"]).read_bytes()
+    stale, targets = Path(config["source"]).read_bytes(), [Path(t) for t in config["targets"]]
     deadline = time.monotonic() + config["seconds"]
-    first = True
-    while first or time.monotonic() < deadline:
-        for target in map(Path, config["targets"]):
-            staging = target.with_name(f".{target.name}.straggler")
-            staging.write_bytes(stale)
-            os.replace(staging, target)
-        if first:
-            Path(config["wrote"]).touch()
-            first = False
+    _overwrite(targets, stale)
+    Path(config["wrote"]).touch()  # the harness starts the restart now
+    while time.monotonic() < deadline:
         time.sleep(config["interval"])
+        _overwrite(targets, stale)
     return 0
+
+
+def _overwrite(targets: list[Path], stale: bytes) -> None:
+    """Each target replaced whole by the stale bytes (a reader never sees a torn file)."""
+    for target in targets:
+        staging = target.with_name(f".{target.name}.straggler")
+        staging.write_bytes(stale)
+        os.replace(staging, target)
 
 
 if __name__ == "__main__":
