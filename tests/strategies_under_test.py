@@ -25,7 +25,7 @@ from resilience.planted.storage_bugs import (  # noqa: F401 -- re-exported for t
     UnpicklesInFull,
 )
 from resilience.strategies.base import CheckpointStrategy
-from resilience.strategies.torch_native import CHECK_LOSS_KEY, STAMP_KEY, PerRankSave, RankZeroSave, step_dir
+from resilience.strategies.torch.native import CHECK_LOSS_KEY, STAMP_KEY, PerRankSave, RankZeroSave, step_dir
 
 
 class StallsOnLoad(PerRankSave):

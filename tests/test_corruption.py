@@ -284,7 +284,7 @@ def test_a_straggler_gone_before_its_first_write_is_a_harness_error_at_once(tmp_
     import time
 
     from resilience.errors import HarnessError
-    from resilience.faults.straggler import PIDS_FILE, Straggler
+    from resilience.faults.at_rest.straggler import PIDS_FILE, Straggler
 
     case = case_from(fault={"kind": "straggler", "rank": 1, "step": 8, "file": "step_00000008/*_rank_1.pt",
                             "source": "step_00000004/*_rank_1.pt"})
@@ -340,8 +340,8 @@ def test_inner_retention_before_the_barrier_costs_the_fallback_and_the_manifest_
 def test_a_wrapped_strategy_whose_library_is_missing_is_skipped_and_keyed_on_the_inner_source(tmp_path, monkeypatch):
     from resilience.errors import StrategyUnavailable
     from resilience.run.harness import Harness
-    from resilience.strategies.deepspeed_engine import ZeroTrainedWorkload
-    from resilience.strategies.deepspeed_zero import Zero2
+    from resilience.strategies.deepspeed.engine import ZeroTrainedWorkload
+    from resilience.strategies.deepspeed.zero import Zero2
     from resilience.strategies.manifest import ManifestCheckpoint
 
     options = {"inner": "deepspeed.zero2"}

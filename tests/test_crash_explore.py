@@ -21,7 +21,7 @@ from resilience.disk.enumeration import Bounds, count_points, distinct_states, p
 from resilience.disk.state_tree import materialise, read_tree, state_hash
 from resilience.errors import ScenarioError
 from resilience.faults.base import Clock, RankEnvironment
-from resilience.faults.power_loss import PowerLoss, trace_dir
+from resilience.faults.write_path.power_loss import PowerLoss, trace_dir
 from resilience.run.harness import Harness
 from resilience.disk.interception import Interceptor
 from resilience.disk.io_trace import TraceWriter, read_trace

@@ -11,7 +11,7 @@ from resilience.faults.base import CaseEnvironment, Fault
 from resilience.run.harness import Harness
 from resilience.core.case import VerdictKind
 from resilience.strategies.base import CheckpointStrategy
-from resilience.strategies.deepspeed_zero import Zero2
+from resilience.strategies.deepspeed.zero import Zero2
 
 from .harness_helpers import case_from, run_case
 

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from resilience.core.case import VerdictKind
-from resilience.faults.gil_hang import hold_gil
+from resilience.faults.process.gil_hang import hold_gil
 
 from .harness_helpers import run_case
 
@@ -40,6 +40,6 @@ def test_past_the_deadline_the_verdict_is_hang_and_the_dump_names_the_holder(tmp
                       expect="fails_loudly", timeouts={"collective": 60, "phase": 25})
     assert result.verdict.kind is VerdictKind.HANG and result.verdict.hung_phase == "first_run"
     holder = next(f for f in result.verdict.findings if "GIL held by Thread 0x" in f)
-    assert "in hold_gil (faults/gil_hang.py:" in holder and "ctypes.PyDLL" in holder
+    assert "in hold_gil (faults/process/gil_hang.py:" in holder and "ctypes.PyDLL" in holder
     assert "gil-holder" not in holder  # named from the dump itself, not from the fault's own event
     assert any("rank 0: waiting in all_reduce" in f for f in result.verdict.findings)

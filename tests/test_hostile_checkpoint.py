@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from resilience.faults.base import CaseEnvironment
-from resilience.faults.hostile import CANARY_DIR, PICKLE, TORCH_ZIP, plant
+from resilience.faults.at_rest.hostile import CANARY_DIR, PICKLE, TORCH_ZIP, plant
 from resilience.core.case import VerdictKind
 
 from .harness_helpers import case_from, run_case

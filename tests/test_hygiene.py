@@ -134,7 +134,7 @@ class Run:
                 if line.split()[4].startswith(str(self.root))]
 
     def namespaces(self) -> list[str]:
-        """Network namespaces named after one of this run's processes (see faults/network.py)."""
+        """Network namespaces named after one of this run's processes (see faults/network/partition.py)."""
         pids = self.marked_processes()
         names = os.listdir("/run/netns") if os.path.isdir("/run/netns") else []
         return [name for name in names if any(name.startswith(f"resilience-{pid}-") for pid in pids)]

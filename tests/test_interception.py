@@ -25,8 +25,8 @@ import torch
 import torch.serialization
 
 from resilience.faults.base import Clock, RankEnvironment
-from resilience.faults.disk_full import DiskFull
-from resilience.faults.kill import Kill
+from resilience.faults.write_path.disk_full import DiskFull
+from resilience.faults.process.kill import Kill
 from resilience.disk.interception import InterceptedFile, Interceptor
 from resilience.core.case import FaultSpec, Trigger
 

@@ -17,8 +17,8 @@ from resilience.core.case import WorkloadSpec
 from resilience.core.paths import PROJECT_ROOT
 from resilience.core.topology import Topology
 from resilience.disk.io_trace import TraceWriter, payload_path, read_payload, read_trace
-from resilience.strategies import megatron_core_cpu
-from resilience.strategies.megatron_layout import TRACKER, iteration_dir, read_tracker
+from resilience.strategies.megatron import core_cpu as megatron_core_cpu
+from resilience.strategies.megatron.layout import TRACKER, iteration_dir, read_tracker
 
 SPEC = WorkloadSpec(model="tp_mlp", world_size=1, steps=2, checkpoint_every=1, seed=0, global_batch=24,
                     size_bytes=16384, rank_rng="same")
@@ -91,8 +91,8 @@ from pathlib import Path
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
 from resilience.core.topology import Topology
-from resilience.strategies.megatron_core_cpu import apply_cpu_stubs
-from resilience.strategies.megatron_layout import iteration_dir
+from resilience.strategies.megatron.core_cpu import apply_cpu_stubs
+from resilience.strategies.megatron.layout import iteration_dir
 from resilience.workloads.parallel_mlp import TensorParallelMLP
 from tests.test_megatron_core import SPEC
 

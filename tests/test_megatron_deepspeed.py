@@ -10,8 +10,8 @@ import pytest
 
 from resilience.core.topology import Topology
 from resilience.strategies.base import StrategyContext
-from resilience.strategies.megatron_deepspeed import MegatronDeepSpeed
-from resilience.strategies.megatron_deepspeed_engine import TensorParallelGroups
+from resilience.strategies.megatron.with_deepspeed import MegatronDeepSpeed
+from resilience.strategies.megatron.with_deepspeed_engine import TensorParallelGroups
 
 
 def _workload(topology: Topology, rank: int, model_parallel: bool = True):

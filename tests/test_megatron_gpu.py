@@ -8,7 +8,7 @@ import torch
 
 from resilience.core.case import VerdictKind
 from resilience.run.harness import Harness
-from resilience.strategies import megatron_core_cpu
+from resilience.strategies.megatron import core_cpu as megatron_core_cpu
 
 from .harness_helpers import case_from
 

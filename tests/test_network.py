@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from resilience.errors import HarnessError
-from resilience.faults import netns, network
+from resilience.faults.network import netns
+from resilience.faults.network import partition as network
 from resilience.faults.base import CaseEnvironment, FaultUnavailable
-from resilience.faults.network import NetworkError, Partition, Throttle, Topology
+from resilience.faults.network.partition import NetworkError, Partition, Throttle, Topology
 from resilience.run.harness import Harness
 from resilience.run.reference_cache import ReferenceCache
 from resilience.core.case import VerdictKind

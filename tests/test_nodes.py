@@ -17,7 +17,7 @@ import pytest
 
 from resilience.commands.case_loop import load_or_report
 from resilience.core.case import VerdictKind
-from resilience.faults import netns
+from resilience.faults.network import netns
 from resilience.launch import nodes as nodes_module
 from resilience.launch.nodes import Nodes
 from resilience.oracle.outcome import judge_case
@@ -286,7 +286,7 @@ def test_the_per_node_command_is_the_documented_one(tmp_path):
 def test_node_loss_under_torchrun_needs_several_nodes_and_lost_storage_needs_node_local_disks(tmp_path):
     from resilience.errors import ScenarioError
     from resilience.faults.base import CaseEnvironment
-    from resilience.faults.node_loss import NodeLoss
+    from resilience.faults.process.node_loss import NodeLoss
     from resilience.launch.torchrun_command import TorchrunOptions, incompatibility
 
     from .harness_helpers import case_from

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from resilience.run.harness import Harness
-from resilience.strategies.preemption import wanted_by
+from resilience.core.preemption import wanted_by
 from resilience.run.reference_cache import ReferenceCache
 from resilience.core.case import VerdictKind
 

@@ -46,7 +46,7 @@ import os
 from pathlib import Path
 
 from resilience.planted.state_bugs import ForgetsOptimizer
-from resilience.strategies.torch_native import PerRankSave
+from resilience.strategies.torch.native import PerRankSave
 
 
 class SometimesForgets(PerRankSave):

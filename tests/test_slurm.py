@@ -13,7 +13,7 @@ import pytest
 
 from resilience.core.case import VerdictKind
 from resilience.core.events import read_events
-from resilience.faults import netns
+from resilience.faults.network import netns
 from resilience.run.harness import Harness
 from resilience.scenario.loader import load_file
 from resilience.errors import SlurmError

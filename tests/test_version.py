@@ -6,7 +6,7 @@ import pytest
 from resilience.errors import ScenarioError
 from resilience.faults.base import CaseEnvironment, Fault
 from resilience.core.case import VerdictKind
-from resilience.strategies.torch_native import CLAIMS, restamp
+from resilience.strategies.torch.native import CLAIMS, restamp
 
 from .harness_helpers import case_from, run_case
 

@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from ..core.case import VerdictKind
-from ..strategies.megatron_layout import TRACKER, checkpoint_path
+from ..strategies.megatron.layout import TRACKER, checkpoint_path
 from ..core.topology import Topology
 
 ROOT = "/checkpoints"

@@ -9,7 +9,7 @@ address on a bridge, its own node-local directory, and whatever its launcher sta
         nodes.wipe(1)                                           # its local directory emptied (a replaced machine)
     # leaving the block: every node's processes SIGKILLed, the namespaces and local directories removed
 
-The namespaces are the partition fault's (`resilience.faults.netns.Topology` with ``member="n"``:
+The namespaces are the partition fault's (`resilience.faults.network.netns.Topology` with ``member="n"``:
 ``veth0`` in each node, its peer a port of ``br0`` in a switch namespace of the case's own), so
 concurrent cases use the same private addresses without seeing each other, and nothing is added
 to the host's namespace. Filesystems are not separated: the case directory is the shared storage
@@ -39,7 +39,7 @@ from pathlib import Path
 from ..core import janitor
 from ..core.elastic_layout import NODE_ENV, NODE_NAMESPACE_ENV
 from ..errors import NetworkError
-from ..faults.netns import IFNAME, Topology, remove_stale_namespaces
+from ..faults.network.netns import IFNAME, Topology, remove_stale_namespaces
 
 GONE_WAIT_S = 10.0
 

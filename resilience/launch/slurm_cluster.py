@@ -36,7 +36,7 @@ from pathlib import Path
 from ..core import janitor
 from ..core.elastic_layout import NODE_ENV, NODE_NAMESPACE_ENV
 from ..errors import SlurmError
-from ..faults.netns import NETNS_DIR
+from ..faults.network.netns import NETNS_DIR
 from .nodes import Nodes
 
 BINARIES = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "scontrol", "srun", "unshare", "nsenter", "ip")

@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..strategies.dcp import DcpCheckpoint, job_timeout
-from ..strategies.dcp import step_dir as dcp_step_dir
-from ..strategies.torch_native import step_dir
+from ..strategies.torch.dcp import DcpCheckpoint, job_timeout
+from ..strategies.torch.dcp import step_dir as dcp_step_dir
+from ..strategies.torch.native import step_dir
 from ..workloads.base import Workload
 from .durable import DurableShardsThenPointer, write_durably
 

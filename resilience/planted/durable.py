@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ..strategies.base import CheckpointStrategy
-from ..strategies.torch_native import CHECK_LOSS_KEY, STAMP_KEY, STEP_DIR, PerRankSave, step_dir, step_of
+from ..strategies.torch.native import CHECK_LOSS_KEY, STAMP_KEY, STEP_DIR, PerRankSave, step_dir, step_of
 from ..workloads.base import Workload
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..strategies.base import CheckpointStrategy
-from ..strategies.torch_native import CHECK_LOSS_KEY, STAMP_KEY, PerRankSave, newest_step_dir, step_dir, step_of
+from ..strategies.torch.native import CHECK_LOSS_KEY, STAMP_KEY, PerRankSave, newest_step_dir, step_dir, step_of
 from ..workloads.base import Workload
 from .durable import step_dirs
 

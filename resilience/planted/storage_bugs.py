@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..strategies.torch_native import (CHECK_LOSS_KEY, FORMAT_VERSION, STAMP_KEY, PerRankSave, newest_step_dir,
+from ..strategies.torch.native import (CHECK_LOSS_KEY, FORMAT_VERSION, STAMP_KEY, PerRankSave, newest_step_dir,
                                        step_dir)
 from ..workloads.base import Workload
 from .durable import AtomicFallbackSave, DurableShardsThenPointer, RankStampedPerRank

@@ -72,7 +72,7 @@ def train_with_harness_loop(workload: Workload, strategy: CheckpointStrategy, ob
                             emergency: Any) -> None:
     """The harness's own loop: ``train_step`` per step, ``strategy.save`` at checkpoint steps, the
     SIGTERM emergency save between steps (``emergency``: an `EmergencySave`, or None)."""
-    from ..strategies.preemption import EMERGENCY_PHASE
+    from ..core.preemption import EMERGENCY_PHASE
 
     clock = observer.clock
 

@@ -45,7 +45,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
     from ..faults.base import Clock, RankEnvironment
     from ..disk.interception import Interceptor
     from ..scenario.loader import read_case_file
-    from ..strategies.preemption import EmergencySave, wanted_by
+    from ..core.preemption import EmergencySave, wanted_by
     from .step_loop import HarnessObserver, train_with_harness_loop
     from ..strategies.base import StrategyContext
 

@@ -22,7 +22,7 @@ import torch.distributed  # noqa: E402,F401
 
 from . import warm_rank, worker  # noqa: E402,F401  (and what they import: a rank's whole import cost, once)
 from .. import strategies, faults  # noqa: E402,F401
-from ..strategies import torch_native  # noqa: E402,F401
+from ..strategies.torch import native  # noqa: E402,F401
 
 torch.set_num_threads(1)
 
@@ -62,7 +62,7 @@ def _preload_deepspeed() -> None:
 
     for module in ("deepspeed", "deepspeed.runtime.engine", "deepspeed.runtime.zero.stage_1_and_2",
                    "deepspeed.runtime.zero.stage3", "deepspeed.runtime.zero.muon.muon_optimizer",
-                   "deepspeed.checkpoint", "deepspeed.utils", "resilience.strategies.deepspeed_zero"):
+                   "deepspeed.checkpoint", "deepspeed.utils", "resilience.strategies.deepspeed.zero"):
         importlib.import_module(module)
 
 
@@ -73,7 +73,7 @@ def _preload_dcp() -> None:
     import importlib.util
 
     modules = ["torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
-               "torch.distributed.fsdp", "torch.distributed.device_mesh", "resilience.strategies.dcp"]
+               "torch.distributed.fsdp", "torch.distributed.device_mesh", "resilience.strategies.torch.dcp"]
     if importlib.util.find_spec("fsspec") is not None:
         modules.append("torch.distributed.checkpoint._fsspec_filesystem")
     for module in modules:
@@ -83,7 +83,7 @@ def _preload_dcp() -> None:
 def _preload_megatron_core() -> None:
     """Where megatron-core is installed, its dist_checkpointing (2-3 s of imports per rank
     otherwise: its package init pulls in its tensor-parallel layers); it starts no threads. Its CUDA
-    stubs are applied in the rank (``strategies/megatron_core_cpu.py``), never here."""
+    stubs are applied in the rank (``strategies/megatron/core_cpu.py``), never here."""
     import importlib
     import importlib.util
     import warnings
@@ -95,7 +95,7 @@ def _preload_megatron_core() -> None:
         for module in ("megatron.core.dist_checkpointing", "megatron.core.dist_checkpointing.optimizer",
                        "megatron.core.dist_checkpointing.strategies.async_utils",
                        "megatron.core.dist_checkpointing.strategies.fully_parallel",
-                       "megatron.core.dist_checkpointing.strategies.torch", "resilience.strategies.megatron_core"):
+                       "megatron.core.dist_checkpointing.strategies.torch", "resilience.strategies.megatron.core_checkpoint"):
             importlib.import_module(module)
 
 

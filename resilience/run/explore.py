@@ -3,7 +3,7 @@
 One case with ``fault: {kind: power_loss, step: S}``:
 
 1. the reference run (cached, as for every case);
-2. the first run, every rank tracing its IO (`resilience.faults.power_loss`), ending once the
+2. the first run, every rank tracing its IO (`resilience.faults.write_path.power_loss`), ending once the
    step-S save returned; the trace must rebuild the checkpoint directory byte for byte, or the
    case is a harness error (something wrote past the interception layer);
 3. every distinct disk state of the bounded crash model (`resilience.disk.enumeration`) is
@@ -34,7 +34,7 @@ from ..disk.crash_states import CrashModel, CrashPoint
 from ..disk.enumeration import distinct_states
 from ..disk.state_tree import read_tree, state_hash
 from ..errors import HarnessError
-from ..faults.power_loss import trace_dir
+from ..faults.write_path.power_loss import trace_dir
 from ..core.plan import FIRST_RUN
 from ..core.case import Case, VerdictKind
 from ..core.records import CaseResult, PhaseResult, Verdict

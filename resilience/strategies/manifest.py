@@ -21,7 +21,7 @@ durable, rank 0 removes all but the N newest complete checkpoints. The inner str
 ``step_location`` and ``load_step`` (see `CheckpointStrategy`).
 
 With ``object_store: s3`` (when the inner strategy writes there too) the files, the digests' reads
-and the manifests are objects under the case's URL (`resilience.strategies.targets`): there is no
+and the manifests are objects under the case's URL (`resilience.strategies.torch.targets`): there is no
 fsync, and a manifest goes up in one PUT, whose object appears whole or not at all, instead of a
 temporary name and a rename (on S3 a copy, then a delete).
 """
@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from ..workloads.base import Workload
 from .base import CheckpointStrategy, StrategyContext
-from .targets import DirectoryTarget, fsync_directory, target_of, write_atomically  # noqa: F401 (re-exported)
+from .torch.targets import DirectoryTarget, fsync_directory, target_of, write_atomically  # noqa: F401 (re-exported)
 
 MANIFEST_DIR = "manifests"
 MANIFEST_NAME = re.compile(r"^step_(\d{8})\.json$")

@@ -1,0 +1,287 @@
+"""torch.distributed.checkpoint (DCP) as the system under test, over a model sharded with FSDP2.
+
+The model is wrapped with ``fully_shard`` on a CPU device mesh (gloo); every rank holds a dim-0
+shard of each parameter and of its Adam moments. A checkpoint is what the DCP tutorial does:
+``get_state_dict(model, optimizer)`` (sharded DTensors) plus the scheduler and the workload's
+progress (step, data position, randomness), written with ``dcp.save`` and read back in place with
+``dcp.load`` then ``set_state_dict``. DCP reshards on load, so a restart may use another world size.
+
+Layout: ``<dir>/step_<NNNNNNNN>/`` holding each rank's ``__<rank>_0.distcp`` and the coordinator's
+``.metadata``. DCP keeps no pointer to the newest checkpoint; this strategy restores the newest step
+directory whose ``.metadata`` exists. DCP writes ``.metadata`` last, on rank 0, after every rank
+reported its data files written, through ``.metadata.tmp`` and a rename: a directory with it is
+complete, one without it is the remains of a save that never finished.
+
+Options: ``mode: sync`` (``dcp.save``) or ``async`` (``dcp.async_save`` on a process group of its
+own, with a background thread writing; ``save`` returns once the state is staged, after waiting for
+the previous save to be committed, and the job's last save is committed when training ends;
+with ``overlap: true`` it does not wait: every save's future is kept, as a job that calls
+``async_save`` each step without awaiting the last one does, so several saves can be in flight,
+each on a process group of its own, and training's end waits for all of them), and
+``storage: filesystem`` (``FileSystemWriter``/``FileSystemReader``) or ``fsspec``
+(``FsspecWriter``/``FsspecReader`` on a ``file://`` URL, or, with ``object_store: s3``, on the
+case's ``s3://`` URL through s3fs, whose rename is a server-side copy then a delete), or, with
+``object_store: s3`` only, ``s3torchconnector`` (its ``S3StorageWriter``/``S3StorageReader``).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+
+from ...workloads.base import TrainableWorkload, Workload
+from ..base import CheckpointStrategy, StrategyContext
+from .dcp_objects import (METADATA, STEP_DIR, committed_steps_at, missing_client, object_reader, object_storage_problem, object_writer,
+                          part_size_problem)
+
+MODES = ("sync", "async")
+STORAGES = ("filesystem", "fsspec", "s3torchconnector")
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:08d}"
+
+
+def committed_steps(root: Path) -> list[int]:
+    """Steps whose directory holds DCP's ``.metadata``, newest first."""
+    if not root.is_dir():
+        return []
+    steps = [int(m.group(1)) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and (p / METADATA).is_file()]
+    return sorted(steps, reverse=True)
+
+
+def job_timeout() -> timedelta:
+    """The timeout the job's default process group was created with (a new group would get torch's
+    30-minute default instead)."""
+    default = dist.distributed_c10d._get_default_group()
+    return default._get_backend(torch.device("cpu")).options._timeout
+
+
+class FsdpTrainedWorkload(Workload):
+    """A `TrainableWorkload` whose model FSDP2 shards over every rank.
+
+    The optimizer and scheduler are rebuilt over the sharded parameters (FSDP2 replaces them with
+    DTensors). Gradients are reduce-scattered as a plain sum (``set_gradient_divide_factor(1)``, sum
+    reductions only): the loss is normalized by the global batch, so the trajectory is the inner
+    workload's whatever the split, except for the bits of that sum.
+
+    ``state_dict`` (what fingerprints and trusted snapshots see) is free of the topology: the full,
+    unsharded model and optimizer state (``StateDictOptions(full_state_dict=True)``), gathered on
+    every rank. ``state_dict`` and ``load_state_dict`` are collective: every rank calls them together.
+    """
+
+    def __init__(self, inner: TrainableWorkload):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        super().__init__(inner.spec, inner.rank, inner.world_size)
+        self.inner = inner
+        self.rank_local_keys = inner.rank_local_keys
+        scheduler = inner.scheduler
+        if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR) or scheduler.last_epoch != 0:
+            raise TypeError(f"FSDP2 training rebuilds the LR schedule over the sharded parameters; it needs a fresh "
+                            f"LambdaLR, got {type(scheduler).__name__} at epoch {scheduler.last_epoch}")
+        mesh = init_device_mesh("cpu", (inner.world_size,))
+        self.model = fully_shard(inner.model, mesh=mesh)
+        self.model.set_gradient_divide_factor(1.0)
+        self.model.set_force_sum_reduction_for_comms(True)
+        defaults = dict(inner.optimizer.defaults)
+        self.optimizer = type(inner.optimizer)(self.model.parameters(), **defaults)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, scheduler.lr_lambdas[0])
+        inner.optimizer, inner.scheduler = self.optimizer, self.scheduler  # one optimizer, wherever it is reached
+
+    @property
+    def step(self) -> int:
+        return self.inner.step
+
+    def train_step(self) -> float:
+        inputs, targets = self.inner.next_local_batch()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = ((self.model(inputs) - targets) ** 2).sum() / self.spec.global_batch
+        loss.backward()  # FSDP2 reduce-scatters the gradient sum into each rank's shard
+        self.optimizer.step()
+        self.scheduler.step()
+        self.inner.count_step()
+        total = loss.detach().clone().reshape(1)
+        dist.all_reduce(total)
+        return float(total[0])
+
+    def sharded_state(self) -> dict[str, Any]:
+        """What a DCP checkpoint holds: this rank's shards (DTensors) and the replicated rest."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        return {"model": model, "optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
+                "progress": self.inner.progress_state()}
+
+    def load_sharded_state(self, state: dict[str, Any]) -> None:
+        """Apply a `sharded_state` that ``dcp.load`` filled in place."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.inner.load_progress_state(state["progress"])
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_state_dict,
+        )
+
+        model, optimizer = get_state_dict(self.model, self.optimizer,
+                                          options=StateDictOptions(full_state_dict=True))
+        return {"model": model, "optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
+                **self.inner.progress_state()}
+
+    def rank_local_state(self) -> dict[str, Any]:
+        return self.inner.progress_state()  # state_dict() is collective; a rank new to the job calls this alone
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The trusted restore of a reference snapshot through torch's full-state-dict API, which
+        shards each full tensor locally: never through DCP, which is what is under test."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_state_dict,
+        )
+
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.inner.load_progress_state(state)
+
+
+class DcpCheckpoint(CheckpointStrategy):
+    """``dcp.save`` (or ``dcp.async_save``) of the FSDP2-sharded state into ``step_<N>/`` on every
+    rank after a checkpoint step; at restart, ``dcp.load`` of the newest step directory whose
+    ``.metadata`` exists (rank 0 chooses, every rank loads the same), at any world size.
+
+    Every rank calls every method, together (each is collective): ``prepare`` once per process,
+    ``save`` per checkpoint step, ``load`` once at restart, ``finish`` after the last step. In async
+    mode ``save(N)`` first waits for the previous save's future (committing it), stages step N and
+    returns while a background thread writes it; ``finish`` waits for the last one. With
+    ``overlap: true``, ``save(N)`` never waits (several saves in flight) and ``finish`` waits for all.
+    """
+
+    warm_restores = True  # keeps nothing between loads: restored in warm ranks
+    options = ("mode", "storage", "overlap", "part_size")
+    option_values: ClassVar[Mapping[str, tuple[Any, ...]]] = {"mode": MODES, "storage": STORAGES,
+                                                              "overlap": (False, True)}
+
+    def __init__(self, context: StrategyContext):
+        super().__init__(context)
+        self.mode = context.options.get("mode", "sync")  # validated by the loader
+        self.storage = context.options.get("storage", "filesystem")
+        self.workload: FsdpTrainedWorkload | None = None
+        self.async_group = None
+        self.pending = None  # the upload future of the last async save, until it is committed
+        self.pending_step: int | None = None
+        self.overlap = bool(context.options.get("overlap", False))
+        self.in_flight: list[tuple[int, Any]] = []  # overlap: (step, future) of every save not yet awaited
+
+    @classmethod
+    def trainer(cls, options: Mapping[str, Any]) -> str:
+        return "fsdp2"
+
+    def prepare(self, workload: Workload) -> Workload:
+        if not isinstance(workload, TrainableWorkload):
+            raise TypeError(f"FSDP2 trains a TrainableWorkload; {type(workload).__name__} is not one")
+        self.workload = FsdpTrainedWorkload(workload)
+        if self.mode == "async":
+            # a background thread's collectives must not interleave with training's on one group
+            self.async_group = dist.new_group(backend="gloo", timeout=job_timeout())
+        return self.workload
+
+    check_options = staticmethod(part_size_problem)
+    check_object_store = staticmethod(object_storage_problem)
+
+    @classmethod
+    def missing_for(cls, options: Mapping[str, Any]) -> str | None:
+        return missing_client(options) or cls.missing()
+
+    def _location(self, step: int) -> Path | str:
+        if self.context.checkpoint_url:
+            return f"{self.context.checkpoint_url}/step_{step:08d}"
+        return step_dir(self.context.checkpoint_dir, step)
+
+    def _writer(self, path: Path | str):
+        import torch.distributed.checkpoint as dcp
+
+        if isinstance(path, str):
+            return object_writer(path, self.storage, self.context.options)
+        if self.storage == "fsspec":
+            from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+            return FsspecWriter(f"file://{path}")
+        return dcp.FileSystemWriter(str(path))
+
+    def _reader(self, path: Path | str):
+        import torch.distributed.checkpoint as dcp
+
+        if isinstance(path, str):
+            return object_reader(path, self.storage)
+        if self.storage == "fsspec":
+            from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+            return FsspecReader(f"file://{path}")
+        return dcp.FileSystemReader(str(path))
+
+    def save(self, workload: Workload, step: int) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        path = self._location(step)
+        state = self.workload.sharded_state()
+        if self.mode == "sync":
+            dcp.save(state, storage_writer=self._writer(path))
+            return
+        if self.overlap:
+            # a group per save: async_save starts a new writer thread per call (torch 2.13
+            # state_dict_saver.py:343), so saves in flight on one group interleave their collectives
+            group = dist.new_group(backend="gloo", timeout=job_timeout())
+            future = dcp.async_save(state, storage_writer=self._writer(path), process_group=group)
+            self.in_flight.append((step, future))
+            return
+        self.commit()
+        self.pending = dcp.async_save(state, storage_writer=self._writer(path), process_group=self.async_group)
+        self.pending_step = step
+
+    def in_flight_steps(self) -> list[int]:
+        """Steps whose async save was started and has not finished writing (overlap or not)."""
+        pending = list(self.in_flight) + ([(self.pending_step, self.pending)] if self.pending is not None else [])
+        return sorted(step for step, future in pending if not future.done())
+
+    def commit(self) -> None:
+        """Wait for the last async save to be written, within the job's collective timeout."""
+        if self.pending is None:
+            return
+        pending, step = self.pending, self.pending_step
+        self.pending = self.pending_step = None
+        try:
+            pending.result(timeout=job_timeout().total_seconds())
+        except concurrent.futures.TimeoutError as exc:  # not the builtin one before Python 3.11
+            raise TimeoutError(f"the async DCP save of step {step} was not written within "
+                               f"{job_timeout().total_seconds():g} s") from exc
+
+    def finish(self, workload: Workload) -> None:
+        while self.in_flight:  # overlap: every save, oldest first
+            self.pending_step, self.pending = self.in_flight.pop(0)
+            self.commit()
+        self.commit()
+
+    def load(self, workload: Workload) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        url = self.context.checkpoint_url
+        newest = (committed_steps_at(url) if url else committed_steps(self.context.checkpoint_dir))[:1]
+        chosen = [newest if self.context.rank == 0 else None]
+        dist.broadcast_object_list(chosen, src=0)  # every rank loads what rank 0 saw
+        if not chosen[0]:
+            return  # no complete checkpoint: training starts over
+        state = self.workload.sharded_state()
+        dcp.load(state, storage_reader=self._reader(self._location(chosen[0][0])))
+        self.workload.load_sharded_state(state)
