@@ -175,3 +175,106 @@ def test_the_checks_see_what_they_check():
     assert any(i.module == "resilience.run.harness" and i.target == "resilience.oracle.judge" for i in IMPORTS)
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert room("resilience.rank.worker") == "rank" and room("resilience.errors") == "errors"
+
+
+# -- the plug-in rooms -----------------------------------------------------------------------------
+#: third-party training libraries: only their stack package (and the plug-ins) may name them
+TRAINING_LIBRARIES = ("deepspeed", "megatron", "pytorch_lightning", "lightning", "accelerate", "transformers",
+                      "torchtitan", "dlrover", "DS_")
+#: layers that must not know any stack: a new stack touches its own package, not these
+STACK_BLIND = ("rank", "launch", "measure")
+#: the contract modules whose classes declare every capability a plug-in may offer
+CONTRACTS = ("resilience.strategies.base", "resilience.workloads.base", "resilience.faults.base")
+
+
+def docstrings(tree: ast.AST) -> set[int]:
+    """ids of the string constants that are docstrings (a module's, a class's, a function's)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def named_libraries(path: Path) -> list[str]:
+    """Where a module names a training library: in an import or a string (docstrings and comments aside)."""
+    tree = ast.parse(path.read_text(), str(path))
+    skip = docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            names = [node.value]
+        for name in names:
+            hit = next((lib for lib in TRAINING_LIBRARIES if name == lib or name.startswith(
+                (f"{lib}.", lib if lib.endswith("_") else f"{lib}-"))), None)
+            if hit:
+                found.append(f"{path.name}:{node.lineno}: {name!r}")
+    return found
+
+
+def declared_capabilities() -> set[str]:
+    """Every public name a contract class declares (its methods, attributes and class attributes),
+    in the contract modules and the modules they re-export from."""
+    declared: set[str] = set()
+    contract_modules = {KNOWN[name] for name in CONTRACTS}
+    contract_modules |= {KNOWN[i.target] for i in IMPORTS if i.module in CONTRACTS
+                         and i.target.startswith(("resilience.faults", "resilience.strategies", "resilience.workloads"))}
+    for path in contract_modules:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    declared.add(item.name)
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    declared.add(item.target.id)
+                elif isinstance(item, ast.Assign):
+                    declared |= {t.id for t in item.targets if isinstance(t, ast.Name)}
+    return {name for name in declared if not name.startswith("_")}
+
+
+def capability_reads_by_name(declared: set[str]) -> list[str]:
+    """``getattr(x, "name")`` / ``hasattr(x, "name")`` with a declared capability's name: a plug-in
+    capability found by name instead of read from its declaration."""
+    found = []
+    for module, path in KNOWN.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
+                    and isinstance(node.args[1], ast.Constant) and node.args[1].value in declared):
+                found.append(f"{module} (line {node.lineno}): {node.func.id}(..., {node.args[1].value!r})")
+    return found
+
+
+def test_rank_launch_and_measure_name_no_training_library():
+    found = [hit for module, path in KNOWN.items() if room(module) in STACK_BLIND for hit in named_libraries(path)]
+    assert not found, ("a library named outside its stack package (declare it in the stack's STACK, "
+                       "resilience/strategies/stack.py):\n" + "\n".join(found))
+
+
+def test_no_fault_imports_a_strategy():
+    found = [str(i) for i in IMPORTS if room(i.module) == "faults" and room(i.target) == "strategies"]
+    assert not found, ("faults importing strategies (what both need lives in core/, e.g. "
+                       "core/preemption.py, core/capabilities.py):\n" + "\n".join(found))
+
+
+def test_no_plugin_capability_is_read_by_name():
+    found = capability_reads_by_name(declared_capabilities())
+    assert not found, ("plug-in capabilities read with getattr/hasattr (declare them on the contract "
+                       "class with a default and read them directly):\n" + "\n".join(found))
+
+
+def test_the_room_checks_see_what_they_check(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""deepspeed in a docstring is fine."""\nimport deepspeed.runtime\n'
+                      'x = "megatron.core.dist_checkpointing"\ny = getattr(s, "tag_for", None)\n')
+    assert [line.split(": ", 1)[1] for line in named_libraries(sample)] == [
+        "'deepspeed.runtime'", "'megatron.core.dist_checkpointing'"]
+    assert {"save", "load", "supervise", "check_options"} <= declared_capabilities()

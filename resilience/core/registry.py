@@ -50,6 +50,8 @@ FAULTS = {
     "s3": "resilience.faults.network.s3:ObjectStoreFault",
     "node_loss": "resilience.faults.process.node_loss:NodeLoss",
 }
+#: the stack packages: each declares its libraries in ``STACK`` (`resilience.strategies.stack.Stack`)
+STACKS = tuple(f"resilience.strategies.{name}" for name in ("torch", "deepspeed", "megatron", "lightning", "accelerate"))
 WORKLOADS = {
     "mlp": "resilience.workloads.mlp:MLPWorkload",
     "tp_mlp": "resilience.workloads.parallel_mlp:TensorParallelMLP",

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import HarnessError, Unavailable
 from ..core.directory_cache import DirectoryCache
+from ..strategies.stack import install_environment
 
 INSTALL_TIMEOUT_S = 900
 
@@ -43,7 +44,7 @@ def layered_packages(requirements: tuple[str, ...], root: Path | None = None) ->
     identity = json.dumps({"python": sys.version, "prefix": sys.prefix, "requirements": sorted(requirements)})
 
     def install(target: Path) -> None:
-        env = dict(os.environ, DS_BUILD_OPS="0", PIP_DISABLE_PIP_VERSION_CHECK="1")
+        env = dict(os.environ, **install_environment(), PIP_DISABLE_PIP_VERSION_CHECK="1")
         command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
                    *requirements]
         try:

@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 MOUNTINFO = Path("/proc/self/mountinfo")
-LIBRARIES = ("torch", "deepspeed", "numpy", "s3fs", "boto3")
+LIBRARIES = ("numpy", "s3fs", "boto3")  # beside what each stack names (`strategies.stack.distributions`)
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,10 @@ def mount_of(path: Path, mountinfo: str | None = None) -> Mount | None:
 
 
 def library_versions() -> dict[str, str | None]:
+    from ..strategies.stack import distributions
+
     versions: dict[str, str | None] = {}
-    for name in LIBRARIES:
+    for name in (*distributions(), *LIBRARIES):
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

@@ -162,8 +162,12 @@ def _versions() -> dict[str, str | None]:
 
     import torch
 
+    from ..strategies.stack import distributions
+
     versions = {"executable": sys.executable, "python": sys.version.split()[0], "torch": torch.__version__}
-    for package in ("deepspeed",):
+    for package in distributions():
+        if package == "torch":
+            continue  # the imported one: a layered release may shadow the installed metadata
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:

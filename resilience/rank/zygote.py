@@ -21,8 +21,8 @@ import torch  # noqa: E402
 import torch.distributed  # noqa: E402,F401
 
 from . import warm_rank, worker  # noqa: E402,F401  (and what they import: a rank's whole import cost, once)
-from .. import strategies, faults  # noqa: E402,F401
-from ..strategies.torch import native  # noqa: E402,F401
+from .. import faults  # noqa: E402,F401
+from ..strategies.stack import stacks  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -49,60 +49,16 @@ def _warm_up() -> None:
     workload.fingerprint()
 
 
-def _preload_deepspeed() -> None:
-    """Where DeepSpeed is installed, pay its import (seconds, much of it torch.compile's stack,
-    which its optimizer registry pulls in) here, once."""
-    import importlib.util
-
-    if importlib.util.find_spec("deepspeed") is None:
-        return
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import importlib
-
-    for module in ("deepspeed", "deepspeed.runtime.engine", "deepspeed.runtime.zero.stage_1_and_2",
-                   "deepspeed.runtime.zero.stage3", "deepspeed.runtime.zero.muon.muon_optimizer",
-                   "deepspeed.checkpoint", "deepspeed.utils", "resilience.strategies.deepspeed.zero"):
-        importlib.import_module(module)
-
-
-def _preload_dcp() -> None:
-    """torch.distributed.checkpoint and FSDP2 (seconds of imports per rank otherwise); they start
-    no threads."""
-    import importlib
-    import importlib.util
-
-    modules = ["torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict",
-               "torch.distributed.fsdp", "torch.distributed.device_mesh", "resilience.strategies.torch.dcp"]
-    if importlib.util.find_spec("fsspec") is not None:
-        modules.append("torch.distributed.checkpoint._fsspec_filesystem")
-    for module in modules:
-        importlib.import_module(module)
-
-
-def _preload_megatron_core() -> None:
-    """Where megatron-core is installed, its dist_checkpointing (2-3 s of imports per rank
-    otherwise: its package init pulls in its tensor-parallel layers); it starts no threads. Its CUDA
-    stubs are applied in the rank (``strategies/megatron/core_cpu.py``), never here."""
-    import importlib
-    import importlib.util
-    import warnings
-
-    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
-        return
-    with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed": said in every rank
-        warnings.simplefilter("ignore", UserWarning)
-        for module in ("megatron.core.dist_checkpointing", "megatron.core.dist_checkpointing.optimizer",
-                       "megatron.core.dist_checkpointing.strategies.async_utils",
-                       "megatron.core.dist_checkpointing.strategies.fully_parallel",
-                       "megatron.core.dist_checkpointing.strategies.torch", "resilience.strategies.megatron.core_checkpoint"):
-            importlib.import_module(module)
+def _preload_stacks() -> None:
+    """Pay each installed stack's imports here, once, as its package declares them
+    (`resilience.strategies.stack`); a module the installed release lacks is skipped."""
+    cuda = torch.cuda.is_available()
+    for stack in stacks():
+        stack.run_preload(cuda)
 
 
 _warm_up()
-_preload_deepspeed()
-_preload_dcp()
-_preload_megatron_core()
+_preload_stacks()
 
 
 def native_thread_count() -> int:
