@@ -828,3 +828,72 @@ def test_a_plain_on_key_is_the_word_not_a_yaml_bool():
     bad = text.replace("on: staging", "on: nowhere")
     with pytest.raises(ScenarioError, match="fault.on"):
         load_text(bad, SOURCE)
+
+
+# ---------------------------------------------------------------------------------------------------
+# One option validator for a strategy and a wrapper's inner strategy; capabilities against the fault
+# ---------------------------------------------------------------------------------------------------
+
+MANIFEST_OVER_PER_RANK = ("name: manifest over staggered per-rank saves\n"
+                          "strategy: {name: manifest, options: {inner: torch.per_rank, inner_options: {stagger: %s}}}\n"
+                          "workload: {model: mlp, world_size: 2, steps: 12, checkpoint_every: 4}\n"
+                          "fault: {kind: kill, rank: 0, step: 8, point: start}\n"
+                          "expect: recovers\n")
+
+
+def test_a_wrapped_strategys_count_option_is_accepted(tmp_path):
+    """``stagger`` is a count (``option_values`` says ``int``): the manifest validates its inner's
+    options with the validator the scenario's own strategy gets."""
+    path = tmp_path / "manifest.scenario.yaml"
+    path.write_text(MANIFEST_OVER_PER_RANK % 2)
+    (case,) = load_file(path).cases
+    assert case.strategy.options == {"inner": "torch.per_rank", "inner_options": {"stagger": 2}}
+
+
+@pytest.mark.parametrize("value,problem", [(0, "out of range"), ("two", "must be an integer"),
+                                           ("true", "must be an integer")])
+def test_a_wrapped_strategys_bad_count_is_one_scenario_error_naming_its_key(tmp_path, value, problem):
+    path = tmp_path / "manifest.scenario.yaml"
+    path.write_text(MANIFEST_OVER_PER_RANK % value)
+    with pytest.raises(ScenarioError) as info:
+        load_file(path)
+    err = info.value
+    assert len(err.problems) == 1 and err.path == str(path)
+    assert err.key == "strategy.options.inner_options.stagger" and problem in str(err)
+    assert str(err).startswith(f"{path}: strategy.options.inner_options.stagger: ") and err.allowed == "1..64"
+    # the scenario's own strategy gets the very same answer
+    direct = scenario_error(variant({"strategy": {"name": "torch.per_rank", "options": {"stagger": yaml.safe_load(
+        str(value))}}}))
+    assert (direct.key, direct.problem, direct.allowed) == ("strategy.options.stagger", err.problem, err.allowed)
+
+
+def test_a_fault_needing_a_capability_the_strategy_lacks_is_refused_at_load():
+    err = scenario_error(variant({"strategy": "torch.per_rank", "fault": {"kind": "tag_mismatch", "rank": 1,
+                                                                          "step": 4}}))
+    assert err.key == "strategy" and err.value == "torch.per_rank" and "tag_for()" in err.problem
+    assert err.allowed == "deepspeed.zero1, deepspeed.zero2, deepspeed.zero3, megatron_deepspeed"
+    # a wrapper offers what its inner offers (and forwards)
+    load(variant({"strategy": {"name": "manifest", "options": {"inner": "deepspeed.zero2"}},
+                  "fault": {"kind": "tag_mismatch", "rank": 1, "step": 4}}))
+    # and options may turn a capability off: DCP has saves in flight in async mode only
+    overlapping = {"kind": "overlapping_async", "rank": 1, "step": 4}
+    err = scenario_error(variant({"strategy": {"name": "dcp", "options": {"mode": "sync"}}, "fault": overlapping}))
+    assert err.key == "strategy" and "only with other options" in err.problem and err.allowed == "dcp"
+    load(variant({"strategy": {"name": "dcp", "options": {"mode": "async"}}, "fault": overlapping}))
+
+
+def test_a_strategy_class_declares_exactly_the_capabilities_it_implements():
+    from resilience.core.capabilities import Capability
+
+    with pytest.raises(TypeError, match="declares Capability.TAGS but does not override tag_for"):
+        type("Declares", (OptionStrategy,), {"capabilities": frozenset({Capability.TAGS})})
+    with pytest.raises(TypeError, match="overrides tag_for without declaring Capability.TAGS"):
+        type("Undeclared", (OptionStrategy,), {"tag_for": lambda self, step: str(step)})
+    with pytest.raises(TypeError, match="does not override step_location"):  # CHOSEN_STEP is both methods
+        type("HalfChosen", (OptionStrategy,), {"capabilities": frozenset({Capability.CHOSEN_STEP}),
+                                               "load_step": lambda self, workload, step: None})
+    with pytest.raises(TypeError, match="records_version"):
+        type("OldStyle", (OptionStrategy,), {"records_version": True})
+    tags = type("Tags", (OptionStrategy,), {"capabilities": frozenset({Capability.TAGS}),
+                                            "tag_for": lambda self, step: f"global_step{step}"})
+    assert tags.capabilities_for({}) == {Capability.TAGS} and OptionStrategy.capabilities_for({}) == frozenset()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -120,14 +119,25 @@ def test_sigterm_during_a_save_lets_the_save_finish_and_needs_no_emergency_save(
         assert not [e for e in events(first_run, rank, "save_begin") if e.get("emergency")]
 
 
-def test_a_strategy_opts_in_by_attribute_or_option():
-    def strategy(options, **attributes):
-        return SimpleNamespace(context=SimpleNamespace(options=options), **attributes)
+def test_a_strategy_opts_in_by_method_or_option(tmp_path):
+    from resilience.strategies.base import StrategyContext
+    from resilience.strategies.torch.native import PerRankSave
 
-    assert not wanted_by(strategy({}))
-    assert wanted_by(strategy({"save_on_sigterm": True}))
-    assert wanted_by(strategy({}, saves_on_sigterm=True))
-    assert not wanted_by(strategy({"save_on_sigterm": True}, saves_on_sigterm=False))
+    class AlwaysSaves(PerRankSave):
+        def saves_on_sigterm(self) -> bool:
+            return True
+
+    class NeverSaves(PerRankSave):
+        def saves_on_sigterm(self) -> bool:
+            return False
+
+    def context(options):
+        return StrategyContext(checkpoint_dir=tmp_path, rank=0, world_size=1, previous_rank=None, options=options)
+
+    assert not wanted_by(PerRankSave(context({})))
+    assert wanted_by(PerRankSave(context({"save_on_sigterm": True})))
+    assert wanted_by(AlwaysSaves(context({})))
+    assert not wanted_by(NeverSaves(context({"save_on_sigterm": True})))
 
 
 # -- scenario validation ------------------------------------------------------------------------------

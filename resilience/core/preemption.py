@@ -2,9 +2,10 @@
 
 The scheduler sends SIGTERM, waits a grace period (SLURM's KillWait, Kubernetes'
 terminationGracePeriodSeconds: 30 s by default), then sends SIGKILL. A strategy opts into an emergency
-save with a true ``saves_on_sigterm`` attribute, or (the built-in torch strategies) with the option
-``save_on_sigterm: true``; its rank processes then get a SIGTERM handler. Without one, SIGTERM ends a
-rank at once, wherever it is.
+save when its ``saves_on_sigterm()`` is true: by default, when the scenario sets the option
+``save_on_sigterm: true`` (the built-in torch strategies declare it); a plug-in may override the
+method. Its rank processes then get a SIGTERM handler. Without one, SIGTERM ends a rank at once,
+wherever it is.
 
 The handler only records that the signal came. A Python handler runs between bytecodes of the main
 thread: never while its rank waits inside a C++ collective (so ranks notice at different steps, and a
@@ -42,12 +43,9 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 def wanted_by(strategy: Any) -> bool:
-    """Whether ``strategy`` asks for an emergency save on SIGTERM."""
-    flag = getattr(strategy, "saves_on_sigterm", None)
-    if flag is None:
-        context = getattr(strategy, "context", None)
-        flag = getattr(context, "options", {}).get("save_on_sigterm", False)
-    return bool(flag)
+    """Whether ``strategy`` (a `CheckpointStrategy`) asks for an emergency save on SIGTERM: its
+    declared ``saves_on_sigterm()``. Called by the rank worker, after the restore."""
+    return bool(strategy.saves_on_sigterm())
 
 
 class EmergencySave:

@@ -15,7 +15,7 @@ import os
 import sys
 import weakref
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 WRITE_MODE_CHARS = set("wax+")
 #: how a file in the rank's temporary directory ($TMPDIR, where Lightning's atomic save stages its
@@ -25,18 +25,25 @@ STAGING_PREFIX = "$TMPDIR/"
 
 class IOListener(Protocol):
     """Hooks called on files under the checkpoint directory, in this order per file:
-    ``wants(relative_path)`` as the file is opened (optional, default yes; a file no listener wants
-    is not wrapped, and ``torch.save`` then writes it from C++ as it would without the harness);
-    ``on_open`` once; ``on_write`` before each write (it may write a prefix itself through
-    ``file.write_through`` and then raise or end the process); ``on_fsync`` before each fsync;
-    ``before_close`` then ``after_close`` once."""
+    ``wants(relative_path)`` as the file is opened (optional, default yes: see `ChoosesFiles`; a
+    file no listener wants is not wrapped, and ``torch.save`` then writes it from C++ as it would
+    without the harness); ``on_open`` once; ``on_write`` before each write (it may write a prefix
+    itself through ``file.write_through`` and then raise or end the process); ``on_fsync`` before
+    each fsync; ``before_close`` then ``after_close`` once. A fault is one through
+    `resilience.faults.base.WriteListener`."""
 
-    def wants(self, relative: str) -> bool: ...
     def on_open(self, file: "InterceptedFile") -> None: ...
     def on_write(self, file: "InterceptedFile", data: Any, nbytes: int) -> None: ...
     def on_fsync(self, file: "InterceptedFile") -> None: ...
     def before_close(self, file: "InterceptedFile") -> None: ...
     def after_close(self, file: "InterceptedFile") -> None: ...
+
+
+@runtime_checkable
+class ChoosesFiles(Protocol):
+    """An `IOListener` that chooses the files it sees (one without ``wants`` sees every file)."""
+
+    def wants(self, relative: str) -> bool: ...
 
 
 class InterceptedFile:
@@ -140,7 +147,7 @@ class Interceptor:
         if relative is None:
             return None, []
         return relative, [listener for listener in self.listeners
-                          if getattr(listener, "wants", None) is None or listener.wants(relative)]
+                          if not isinstance(listener, ChoosesFiles) or listener.wants(relative)]
 
     def relative(self, file: Any) -> str | None:
         """The name listeners see: relative to the checkpoint directory, or ``$TMPDIR/...`` for a

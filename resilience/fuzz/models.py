@@ -228,7 +228,7 @@ def model_for(strategy: str, distinct_streams: bool = False, options: dict | Non
     from ..core import registry
     from ..errors import PluginError
 
-    cls = MODELS.get(strategy) or getattr(registry.resolve("strategy", strategy), "restore_model", None)
+    cls = MODELS.get(strategy) or registry.resolve("strategy", strategy).restore_model
     if cls is None:
         raise PluginError(f"strategy {strategy!r} has no restore model; allowed for the fast tier: "
                           f"{', '.join(MODELS)} or a strategy class with a restore_model attribute")

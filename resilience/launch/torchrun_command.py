@@ -99,19 +99,19 @@ def incompatibility(case: Case, options: TorchrunOptions = TorchrunOptions()) ->
         return (f"{where}: the restart runs under another interpreter or packages; torchrun restarts "
                 f"with the one it was started with (allowed: neither restart.python nor restart.packages)")
     fault = registry.resolve("fault", case.fault.kind)
-    if getattr(fault, "acts_in_its_node", False) and options.nnodes == 1:
+    if fault.acts_in_its_node and options.nnodes == 1:
         return (f"{where}: fault {case.fault.kind} ends a whole node; under torchrun that needs several nodes "
                 f"(allowed: nnodes >= 2, each node a network namespace: resilience.launch.nodes)")
-    node_wide = getattr(fault, "node_scoped", False) and case.fault.params.get("scope") == "node"
+    node_wide = fault.node_scoped and case.fault.params.get("scope") == "node"
     if node_wide and options.nnodes == 1:
         return (f"{where}: fault {case.fault.kind} with scope node is driven by the driver of the trigger's node; "
                 f"under torchrun that needs several nodes (allowed: nnodes >= 2, each node a network namespace: "
                 f"resilience.launch.nodes)")
-    if node_wide and getattr(fault, "needs_node_namespace", False) and not os.environ.get(NODE_NAMESPACE_ENV):
+    if node_wide and fault.needs_node_namespace and not os.environ.get(NODE_NAMESPACE_ENV):
         return (f"{where}: fault {case.fault.kind} with scope node under torchrun is a rule in the node's own network "
                 f"namespace, and this node is none ({NODE_NAMESPACE_ENV} unset): on a machine of its own it would cut "
                 f"the machine's interface (allowed: the nodes as network namespaces, resilience.launch.nodes)")
-    if fault.supervises and not getattr(fault, "acts_in_its_node", False) and not node_wide:
+    if fault.supervises and not fault.acts_in_its_node and not node_wide:
         return (f"{where}: fault {case.fault.kind} is driven from outside the ranks while they run "
                 f"(signals, network rules); under torchrun faults act only from inside the ranks, "
                 f"or with several nodes a stall or partition of scope node (its node's driver drives it)")

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..core.capabilities import Capability
 from ..strategies.torch.dcp import DcpCheckpoint, job_timeout
 from ..strategies.torch.dcp import step_dir as dcp_step_dir
 from ..strategies.torch.native import step_dir
@@ -30,6 +31,10 @@ class SwallowsWriterError(DcpCheckpoint):
         super().__init__(context)
         self.mode = "async"
 
+    @classmethod
+    def capabilities_for(cls, options):
+        return cls.capabilities  # async whatever the options say
+
     def commit(self) -> None:
         if self.pending is None:
             return
@@ -45,6 +50,8 @@ class PointerBeforeEveryShard(DurableShardsThenPointer):
     other ranks' (a completion marker that can name a step with a missing shard); restore follows
     the pointer and refuses the step when a shard is missing, loudly, never trying the older
     complete step beside it. Loud, but the job is down while a good checkpoint sits unused."""
+
+    capabilities = DurableShardsThenPointer.capabilities | {Capability.CHOSEN_STEP}
 
     def save(self, workload: Workload, step: int) -> None:
         root = self.context.checkpoint_dir
@@ -70,9 +77,15 @@ class PointsAtUncommittedSave(DcpCheckpoint):
     state staged, not written): restore follows the pointer into a step whose write never
     finished, and refuses it, loudly, beside an older committed step it never tries."""
 
+    capabilities = DcpCheckpoint.capabilities | {Capability.CHOSEN_STEP}
+
     def __init__(self, context):
         super().__init__(context)
         self.mode, self.overlap = "async", True
+
+    @classmethod
+    def capabilities_for(cls, options):
+        return cls.capabilities  # async whatever the options say
 
     def save(self, workload: Workload, step: int) -> None:
         super().save(workload, step)

@@ -25,7 +25,7 @@ def install(config_text: str) -> None:
     os.environ[_OWNER_ENV] = str(os.getpid())
     config = json.loads(config_text)
     from ..core.elastic_layout import Incarnation
-    from ..faults.base import Clock, RankEnvironment
+    from ..faults.base import Clock, RankEnvironment, WriteListener
     from ..core.events import EventLog
     from .worker import die_with_parent, exception_chain
 
@@ -53,7 +53,7 @@ def install(config_text: str) -> None:
         checkpoint_dir = Path(config["checkpoint_dir"])
         fault.arm(RankEnvironment(rank=rank, world_size=world_size, checkpoint_dir=checkpoint_dir, clock=clock,
                                   emit=events.emit, case_dir=directory))
-        if fault.needs_interception():
+        if isinstance(fault, WriteListener) and fault.needs_interception():
             Interceptor(checkpoint_dir, [fault]).install()
     sys.stdout = ContractReader(sys.stdout, events, clock, fault)
     previous_hook = sys.excepthook

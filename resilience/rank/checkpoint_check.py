@@ -63,9 +63,7 @@ def run(plan: CheckPlan, rank: int, emit) -> None:
     emit("restored", step=workload.step, fingerprint=fingerprint,
          replicated=sorted(k for k in fingerprint if k.split(".", 1)[0].split("[", 1)[0] not in local))
     if plan.step_check:
-        evaluate = getattr(workload, "evaluation_loss", None)
-        emit("check_loss", recorded=getattr(strategy, "recorded_check_loss", None),
-             measured=evaluate() if evaluate is not None else None)
+        emit("check_loss", recorded=strategy.recorded_check_loss, measured=workload.evaluation_loss())
         emit("trained", step=workload.step + 1, loss=workload.train_step())
     dist.barrier()
     emit("done")

@@ -37,7 +37,7 @@ def install(config_text: str) -> None:
     if config["rank_pid"] == os.getpid():
         return  # the rank itself (re-executed): it arms its fault on its own
     from ..core import registry
-    from ..faults.base import FollowedClock, RankEnvironment
+    from ..faults.base import FollowedClock, RankEnvironment, WriteListener
     from ..disk.interception import Interceptor
     from ..scenario.loader import read_case_file
     from ..core.events import EventLog
@@ -48,7 +48,8 @@ def install(config_text: str) -> None:
     events = EventLog(Path(config["events"]), config["rank"])
     fault.arm(RankEnvironment(rank=config["rank"], world_size=config["world_size"], checkpoint_dir=checkpoint_dir,
                               clock=FollowedClock(Path(config["clock"])), emit=events.emit, process="helper"))
-    Interceptor(checkpoint_dir, [fault]).install()
+    if isinstance(fault, WriteListener):  # a helper is reached through its writes
+        Interceptor(checkpoint_dir, [fault]).install()
 
 
 def follow_forks(fault: Any, checkpoint_dir: Path) -> None:
@@ -61,8 +62,10 @@ def follow_forks(fault: Any, checkpoint_dir: Path) -> None:
         if fault.env is None or fault.env.process == "helper":
             return
         from ..disk.interception import Interceptor
+        from ..faults.base import WriteListener
 
         fault.env = dataclasses.replace(fault.env, process="helper")
-        Interceptor(checkpoint_dir, [fault]).install()
+        if isinstance(fault, WriteListener):
+            Interceptor(checkpoint_dir, [fault]).install()
 
     os.register_at_fork(after_in_child=in_child)

@@ -42,7 +42,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
 
     from ..core import registry
     from ..core.device import for_rank, rank_device
-    from ..faults.base import Clock, RankEnvironment
+    from ..faults.base import Clock, RankEnvironment, ReadListener, WriteListener
     from ..disk.interception import Interceptor
     from ..scenario.loader import read_case_file
     from ..core.preemption import EmergencySave, wanted_by
@@ -64,7 +64,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
     fault_class = registry.resolve("fault", case.fault.kind)
     at_restart = plan.name == RESTART and fault_class.arms_at_restart
     fault = fault_class(case.fault) if plan.inject or at_restart else None
-    if fault and fault.needs_interception():
+    if isinstance(fault, WriteListener) and fault.needs_interception():
         # Only then: torch.save given a path writes from C++, and the real thing should stay real.
         # and files staged in the rank's $TMPDIR (named "$TMPDIR/..." to fault globs)
         Interceptor(checkpoint_dir, [fault], staging=Path(os.environ["TMPDIR"])).install()
@@ -73,7 +73,8 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
                                   clock=clock, emit=events.emit, case_dir=Path(plan.case_file).parent,
                                   incarnation="restart" if at_restart else "first_run",
                                   checkpoint_url=plan.object_store["url"] if plan.object_store else None))
-    if fault and fault.needs_read_interception():  # asked once armed: it may depend on the incarnation
+    # asked once armed: it may depend on the incarnation
+    if isinstance(fault, ReadListener) and fault.needs_read_interception():
         from ..disk.read_interception import ReadInterceptor
 
         ReadInterceptor(checkpoint_dir, [fault]).install()

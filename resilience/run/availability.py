@@ -18,7 +18,7 @@ from ..core.plan import FALLBACK, RESTART
 from ..core.records import PhaseResult
 from ..oracle import rules
 from ..oracle.judge import expected_state
-from ..strategies.base import CheckpointStrategy
+from ..core.capabilities import Capability
 
 MAX_PROBES = 4
 
@@ -40,7 +40,8 @@ def probe(case: Case, first_run: PhaseResult, restart: PhaseResult, reference: P
     """The newest intact older checkpoint (None: none found or not probed) and the probe phases.
     ``run_step(step)`` runs a `FALLBACK` phase restoring ``step`` with ``load_step``."""
     strategy = registry.resolve("strategy", case.strategy.name)
-    if not refused(restart) or case.topology_changes or strategy.load_step is CheckpointStrategy.load_step:
+    if not refused(restart) or case.topology_changes \
+            or Capability.CHOSEN_STEP not in strategy.capabilities_for(case.strategy.options):
         return None, ()
     phases = []
     for step in candidates(case, first_run):

@@ -95,7 +95,7 @@ class _Driver:
             fault.setup(env)
             for launch in (0, 1):
                 self._launches.append(launch)
-                hang = self._launch(launch, fault if getattr(fault, "node_scoped", False) else None)
+                hang = self._launch(launch, fault if fault.node_scoped else None)
                 if hang or not self._needs_resume():
                     break
             phases = self._phases(hang)

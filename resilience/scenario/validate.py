@@ -13,6 +13,7 @@ from ..core import registry
 from ..core.case import (Case, Expect, FaultSpec, KnownIssue, Outcome, StrategySpec, Timeouts, Trigger,
                          VerdictKind, WorkloadSpec)
 from ..disk.trace_targets import POINTER, WRITTEN_BY, is_selector, parse_target
+from .capability_check import capability_problem
 from .checks import Problems, Validator, parse_size
 from .placement import check_restart, check_topology
 from .schema import (DEFAULT_TIMEOUTS, EXPECT_KEYS, FALLBACK_CHOICES, KNOWN_ISSUE_KEYS, MAX_TIMEOUT_S, MAX_WORLD_SIZE,
@@ -43,7 +44,8 @@ def check_case(document: Any, source: str, case_id: str = "", where: str = "",
         if v.ok("topology"):
             restart = v.section("restart", check_restart, v, doc.get("restart", {}), workload, topology)
     if strategy is not None and fault is not None:
-        problem = registry.resolve("fault", fault.kind).check_strategy(registry.resolve("strategy", strategy.name))
+        problem = capability_problem(strategy, fault.kind) or registry.resolve("fault", fault.kind).check_strategy(
+            registry.resolve("strategy", strategy.name))
         if problem:
             v.note(v.error(*problem))
     object_store = None
@@ -76,14 +78,14 @@ def check_object_store(store: str | None, strategy: StrategySpec, fault: FaultSp
     if problem:
         return problem
     if store is None:
-        if getattr(fault_cls, "needs_object_store", False):
+        if fault_cls.needs_object_store:
             return ("object_store", f"missing: a {fault.kind} fault acts on an object store", None,
                     ", ".join(OBJECT_STORES))
         return None
     if fault.trigger is not None and fault.trigger.point in FILE_POINTS:
         return ("fault.point", f"reaches files only; no file is written to {store}", fault.trigger.point,
                 "start (or a fault acting after the save)")
-    if not getattr(fault_cls, "on_objects", False):
+    if not fault_cls.on_objects:
         return ("fault.kind", f"acts on files, not on objects in {store}", fault.kind,
                 "none, kill at a train step, the s3 fault, or a fault that acts on objects")
     return None
@@ -98,13 +100,7 @@ def check_strategy(v: Validator, value: Any) -> StrategySpec:
         name, options, key = value, {}, "strategy"
     cls = v.plugin("strategy", key, name)
     options = v.plain("strategy.options", v.mapping("strategy.options", options, tuple(cls.options)))
-    for option, allowed in cls.option_values.items():
-        if option in options and allowed is int:  # a count, such as ranks per write wave
-            v.integer(f"strategy.options.{option}", options[option], 1, MAX_WORLD_SIZE)
-        elif option in options:
-            v.choice(f"strategy.options.{option}", options[option], allowed)
-    check_options = getattr(cls, "check_options", None)
-    problem = check_options(options) if check_options else None
+    problem = cls.check_option_values(options)  # the one option validator (a wrapper's inner's too)
     if problem:
         raise v.error(*problem)
     return StrategySpec(name=name, options=options)
@@ -199,7 +195,7 @@ def check_file(v: Validator, key: str, value: Any, cls: type, world_size: int) -
         target = parse_target(value, world_size)
     except ValueError as exc:
         raise v.error(key, "names no target of the IO trace", value, str(exc)) from None
-    takes = getattr(cls, "trace_targets", ())
+    takes = cls.trace_targets
     if target.kind not in takes:
         forms = {"written_by": WRITTEN_BY + "R", "pointer": POINTER}
         allowed = [forms[t] for t in takes] or "a glob relative to the checkpoint directory"

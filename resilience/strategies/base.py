@@ -2,84 +2,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
-from ..core.topology import Topology
+from ..core.capabilities import Capability
 from ..workloads.base import Workload
-
-
-@dataclass(frozen=True)
-class StrategyContext:
-    """What a strategy may know about the job it runs in."""
-
-    checkpoint_dir: Path  # what this rank sees: shared by every rank, or its node's own (node-local storage)
-    rank: int
-    world_size: int
-    previous_rank: int | None  # at restart: the rank whose place this rank takes (restart.rank_map)
-    options: Mapping[str, Any] = field(default_factory=dict)
-    topology: Topology | None = None  # TP x PP x DP and placement of this phase (None: one node, pure DP)
-    checkpoint_url: str | None = None  # object storage (``s3://bucket/prefix``) in place of checkpoint_dir
-
-    @property
-    def placement(self) -> Topology:
-        return self.topology or Topology.single_node(self.world_size)
-
-    @property
-    def local_rank(self) -> int:
-        """This rank's index on its node, as torchrun's LOCAL_RANK."""
-        return self.placement.local_rank(self.rank)
-
-    @property
-    def node(self) -> int:
-        """The physical node this rank runs on."""
-        return self.placement.node_of(self.rank)
-
-
-class TrainingObserver(ABC):
-    """The harness's side of a training loop that a library runs itself (``drives_training``).
-
-    The strategy's ``train`` calls it from the library's own extension points (a Lightning
-    ``Callback``, a step wrapped by Accelerate's loop), on every rank, in this order:
-      1. ``restored(workload)`` once, after the library restored its checkpoint (``start ==
-         "strategy"``), the trusted snapshot (``"snapshot"``) or nothing (``"fresh"``), before the
-         first step it trains;
-      2. per step: ``before_step(step)`` before its batch, then ``after_step(step, loss)`` once the
-         optimizer stepped (``loss``: the global loss, identical on every rank);
-      3. at a checkpoint step (``step % checkpoint_every == 0``) of a phase that ``saves``:
-         ``before_save(step)`` right before the library's save, ``after_save(step)`` once it returned.
-    ``snapshot_due(step)`` says whether the reference run wants a trusted snapshot after that step
-    (the strategy then writes one with ``workload.save_reference_snapshot``).
-    """
-
-    start: str  # "fresh", "strategy" (restore the library's checkpoint) or "snapshot"
-    saves: bool  # whether this phase checkpoints
-    steps: int  # train until the library's step count reaches this
-    checkpoint_every: int
-    snapshot_step: int | None  # start == "snapshot": the step of the trusted snapshot to start from
-
-    @abstractmethod
-    def restored(self, workload: Workload) -> None: ...
-
-    @abstractmethod
-    def before_step(self, step: int) -> None: ...
-
-    @abstractmethod
-    def after_step(self, workload: Workload, step: int, loss: float) -> None: ...
-
-    @abstractmethod
-    def before_save(self, step: int) -> None: ...
-
-    @abstractmethod
-    def after_save(self, step: int) -> None: ...
-
-    @abstractmethod
-    def snapshot_due(self, step: int) -> bool: ...
-
-    @abstractmethod
-    def snapshot_path(self, step: int) -> Path:
-        """Where the trusted snapshot of ``step`` lives (written by the reference, read by the continuation)."""
+from .context import StrategyContext, TrainingObserver  # noqa: F401 (re-exported: part of the contract)
+from .declarations import OPTIONS_KEY, declaration_problems, option_problem
 
 
 class CheckpointStrategy(ABC):
@@ -104,6 +33,10 @@ class CheckpointStrategy(ABC):
     through the `TrainingObserver`.
     Faults reach a strategy's files through ``open``, ``torch.save`` and ``os.fsync`` on paths under
     ``context.checkpoint_dir``; a strategy needs no code of its own for that.
+    Everything else a strategy may offer is declared here, with a default: optional capabilities
+    (`Capability`: a class lists those it offers in ``capabilities`` and overrides their methods,
+    checked when the class is created), ``saves_on_sigterm``, ``check_options``, ``restore_model``,
+    ``inner``, ``recorded_check_loss``. Callers read them directly, never by name.
     """
 
     #: whether the library's own loop trains (``train``) instead of the harness's loop
@@ -111,10 +44,51 @@ class CheckpointStrategy(ABC):
 
     #: option names a scenario may set under ``strategy.options``
     options: ClassVar[tuple[str, ...]] = ()
-    #: the allowed values of those options that take one of a fixed set
-    option_values: ClassVar[Mapping[str, tuple[Any, ...]]] = {}
+    #: the allowed values of those options that take one of a fixed set (``int``: a count, 1..64)
+    option_values: ClassVar[Mapping[str, tuple[Any, ...] | type]] = {}
     #: top-level modules the strategy imports in the ranks, and how to install them
     requires: ClassVar[Mapping[str, str]] = {}
+    #: the optional capabilities the class offers (`Capability`); it overrides each one's methods
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    #: a `resilience.fuzz.models.RestoreModel` subclass replaying this strategy's placement for the
+    #: topology fuzzer's fast tier; read in the harness by ``fuzz.models.model_for`` (None: process tier only)
+    restore_model: ClassVar[type | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse, when the class is created, capabilities declared and not implemented, or
+        implemented and not declared (a misspelt method or declaration)."""
+        super().__init_subclass__(**kwargs)
+        problems = declaration_problems(cls, CheckpointStrategy)
+        if problems:
+            raise TypeError(f"strategy {cls.__module__}.{cls.__qualname__}: " + "; ".join(problems))
+
+    @classmethod
+    def capabilities_for(cls, options: Mapping[str, Any]) -> frozenset[Capability]:
+        """The capabilities of this strategy configured with ``options``: ``capabilities``, less
+        those its options turn off; a wrapper answers with what it forwards of its inner's. Called
+        in the harness by the scenario validator (against the fault's ``requires``), and through
+        ``offers`` on any rank."""
+        return cls.capabilities
+
+    def offers(self, capability: Capability) -> bool:
+        """Whether this strategy, as configured (``context.options``), offers ``capability``.
+        Called by faults on any rank once the strategy exists."""
+        return capability in type(self).capabilities_for(self.context.options)
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> tuple[str, str, Any, Any] | None:
+        """What ``option_values`` cannot say about ``options`` (already of the declared names and
+        values): None, or ``(key, problem, value, allowed)`` with keys under ``strategy.options``.
+        Called in the harness by ``check_option_values``, when a scenario is loaded."""
+        return None
+
+    @classmethod
+    def check_option_values(cls, options: Any, key_prefix: str = OPTIONS_KEY) -> tuple[str, str, Any, Any] | None:
+        """The one validation of a strategy's options: declared names, ``option_values`` (``int``:
+        a count), then ``check_options``; the first problem as ``(key, problem, value, allowed)``
+        with keys under ``key_prefix``, or None. Called in the harness by the scenario validator,
+        and by a wrapper for its inner strategy's options."""
+        return option_problem(cls, options, key_prefix)
 
     @classmethod
     def missing(cls) -> str | None:
@@ -168,18 +142,40 @@ class CheckpointStrategy(ABC):
         too). Called in the harness."""
         return cls.warm_restores
 
+    #: a wrapper's inner strategy (the one that writes the files), set by the wrapper's
+    #: ``__init__``; None: no wrapper. Read on any rank by faults that act on whoever saves
+    inner: CheckpointStrategy | None = None
+    #: the evaluation loss the restored checkpoint recorded at save time (None: nothing restored, or
+    #: none recorded), set by ``load``; read by `resilience verify --step-check` on every rank after it
+    recorded_check_loss: float | None = None
+
     def __init__(self, context: StrategyContext):
         self.context = context
 
-    #: whether the checkpoints carry a version stamp (what wrote them) that
-    #: ``rewrite_version_stamp`` can change: the version_mismatch fault needs one
-    records_version: ClassVar[bool] = False
+    def saves_on_sigterm(self) -> bool:
+        """Whether the ranks save an emergency checkpoint on SIGTERM (`resilience.core.preemption`);
+        by default the option ``save_on_sigterm``. Called on every rank of a phase that saves,
+        after the restore and before the first step."""
+        return bool(self.context.options.get("save_on_sigterm", False))
+
+    # -- optional capabilities (`Capability`): declared in ``capabilities`` where overridden ----------
+    def tag_for(self, step: int) -> str:
+        """(``TAGS``) The tag (the directory name) this rank passes its library for the step-``step``
+        save; every rank must pass the same. Called by the strategy's own ``save`` on every rank;
+        the tag_mismatch fault replaces it on its trigger rank's instance at that save's start."""
+        raise NotImplementedError(f"{type(self).__name__} names no tag per step")
+
+    def in_flight_steps(self) -> list[int]:
+        """(``IN_FLIGHT_STEPS``) The steps whose save returned and whose background write has not
+        finished, oldest first; never waits. Called by the overlapping_async fault on its trigger
+        rank, at the start of every train step from the trigger's save on."""
+        raise NotImplementedError(f"{type(self).__name__} saves in the foreground only")
 
     def rewrite_version_stamp(self, step: int, claim: str) -> list[str]:
-        """Make this rank's files of the step-``step`` checkpoint claim an ``older`` or ``newer``
-        version of what wrote them, as an upgrade or a downgrade between save and restore would.
-        Called by the version_mismatch fault on the trigger rank, after its save returned; returns
-        the files changed (relative to the checkpoint directory)."""
+        """(``VERSION_STAMP``) Make this rank's files of the step-``step`` checkpoint claim an
+        ``older`` or ``newer`` version of what wrote them, as an upgrade or a downgrade between save
+        and restore would. Called by the version_mismatch fault on every rank, after its save
+        returned; returns the files changed (relative to the checkpoint directory)."""
         raise NotImplementedError(f"{type(self).__name__} records no version")
 
     @classmethod
@@ -210,16 +206,16 @@ class CheckpointStrategy(ABC):
     def load(self, workload: Workload) -> None:
         """Restore the newest trusted checkpoint into ``workload``, or raise; called on every rank."""
 
-    # -- optional: addressing one checkpoint, for wrappers that choose which one to restore -------
+    # -- (``CHOSEN_STEP``) addressing one checkpoint, for wrappers and probes that choose one -----
     def step_location(self, step: int) -> Path | None:
-        """The directory that holds every rank's files of the step-``step`` checkpoint (and those
-        of no other step), or None when the strategy has no such directory. Pure: it names the
-        place, whether or not it exists. Called on any rank, after ``save(workload, step)``
+        """(``CHOSEN_STEP``) The directory that holds every rank's files of the step-``step``
+        checkpoint (and those of no other step), or None when the strategy has no such directory.
+        Pure: it names the place, whether or not it exists. Called on any rank, after ``save(workload, step)``
         returned on every rank, and at restart before ``load_step``."""
         return None
 
     def load_step(self, workload: Workload, step: int) -> None:
-        """Restore exactly the step-``step`` checkpoint into ``workload``, or raise. Collective:
-        at restart every rank calls it once, in place of ``load`` (never both); a strategy that
-        implements it also implements ``step_location``."""
+        """(``CHOSEN_STEP``) Restore exactly the step-``step`` checkpoint into ``workload``, or
+        raise. Collective: at restart every rank calls it once, in place of ``load`` (never both):
+        a wrapper that picks the checkpoint (manifest) or the harness's fallback probe."""
         raise NotImplementedError(f"{type(self).__name__} cannot load a chosen step")

@@ -35,6 +35,7 @@ from typing import Any, Mapping
 
 import torch.distributed as dist
 
+from ..core.capabilities import Capability
 from ..workloads.base import Workload
 from .base import CheckpointStrategy, StrategyContext
 from .torch.targets import DirectoryTarget, fsync_directory, target_of, write_atomically  # noqa: F401 (re-exported)
@@ -42,6 +43,9 @@ from .torch.targets import DirectoryTarget, fsync_directory, target_of, write_at
 MANIFEST_DIR = "manifests"
 MANIFEST_NAME = re.compile(r"^step_(\d{8})\.json$")
 MANIFEST_FORMAT = 1
+#: the inner's capabilities the manifest offers too, forwarding their methods to it (not its version
+#: stamp: the manifest's own file records none, so version_mismatch reads the files it traced)
+FORWARDED = frozenset({Capability.TAGS, Capability.IN_FLIGHT_STEPS})
 
 
 def file_digest(path: Path, durable: bool = False) -> tuple[int, str]:
@@ -60,41 +64,35 @@ class ManifestCheckpoint(CheckpointStrategy):
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> tuple[str, str, Any, Any] | None:
-        """Loader-time validation of the wrapped strategy and its options."""
-        from ..core import registry
+        """Loader-time validation of the wrapped strategy and its options (with the inner's own
+        validator, under ``strategy.options.inner_options``)."""
         from ..errors import PluginError
+        from ..scenario.capability_check import offering
 
         inner = options.get("inner")
-        allowed = [n for n in registry.STRATEGIES if n not in ("manifest", "none")] + ["package.module:Class"]
+        allowed = [*offering(frozenset({Capability.CHOSEN_STEP})), "package.module:Class"]
         if not isinstance(inner, str) or not inner:
             return ("strategy.options.inner", "missing: the strategy the manifest wraps", inner, allowed)
         try:
             inner_cls = _inner_class(inner)
         except PluginError as exc:
             return ("strategy.options.inner", str(exc), inner, allowed)
-        base = CheckpointStrategy
-        if inner_cls.load_step is base.load_step or inner_cls.step_location is base.step_location:
+        inner_options = options.get("inner_options", {})
+        problem = inner_cls.check_option_values(inner_options, "strategy.options.inner_options")
+        if problem:
+            return problem
+        if Capability.CHOSEN_STEP not in inner_cls.capabilities_for(inner_options):
             return ("strategy.options.inner", f"{inner_cls.__name__} cannot load a chosen step (it needs "
                     "step_location and load_step)", inner, allowed)
-        inner_options = options.get("inner_options", {})
-        if not isinstance(inner_options, dict):
-            return ("strategy.options.inner_options", "must be a mapping", inner_options, tuple(inner_cls.options))
-        for key, value in inner_options.items():
-            if key not in inner_cls.options:
-                return (f"strategy.options.inner_options.{key}", "unknown option", key,
-                        tuple(inner_cls.options) or "none")
-            choices = inner_cls.option_values.get(key)
-            if choices is not None and value not in choices:
-                return (f"strategy.options.inner_options.{key}", "not one of the allowed values", value, choices)
-        inner_check = getattr(inner_cls, "check_options", None)
-        problem = inner_check(inner_options) if inner_check else None
-        if problem:
-            key, *rest = problem
-            return (key.replace("strategy.options.", "strategy.options.inner_options.", 1), *rest)
         keep = options.get("keep_last")
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
             return ("strategy.options.keep_last", "must be a number of checkpoints", keep, "an integer >= 1")
         return None
+
+    @classmethod
+    def capabilities_for(cls, options: Mapping[str, Any]) -> frozenset[Capability]:
+        """What the inner strategy offers of what the manifest forwards (it picks the step itself)."""
+        return FORWARDED & _inner_class(options["inner"]).capabilities_for(options.get("inner_options", {}))
 
     @classmethod
     def check_object_store(cls, options: Mapping[str, Any], store: str | None) -> tuple[str, str, Any, Any] | None:
@@ -130,16 +128,19 @@ class ManifestCheckpoint(CheckpointStrategy):
                                         world_size=context.world_size, previous_rank=context.previous_rank,
                                         options=dict(options.get("inner_options", {})),
                                         checkpoint_url=context.checkpoint_url)
-        self.inner = _inner_class(options["inner"])(inner_context)
+        self.inner: CheckpointStrategy = _inner_class(options["inner"])(inner_context)
         self.target = target_of(context.checkpoint_dir, context.checkpoint_url)
         self.manifests = self.target.join(self.target.root, MANIFEST_DIR)
 
     def prepare(self, workload: Workload) -> Workload:
         return self.inner.prepare(workload)
 
+    # -- the inner's capabilities, forwarded (``capabilities_for`` says which it has) ---------------
     def tag_for(self, step: int) -> str:
-        """The inner strategy's tag, for inners that name one (AttributeError otherwise)."""
         return self.inner.tag_for(step)
+
+    def in_flight_steps(self) -> list[int]:
+        return self.inner.in_flight_steps()
 
     # -- save -------------------------------------------------------------------------------------
     def save(self, workload: Workload, step: int) -> None:

@@ -43,6 +43,10 @@ class Workload(ABC):
     #: the global dataset indices of the batch this rank trained in its last step, set where the
     #: batch is built or received (never computed from a position counter); None: not known
     last_samples: list[int] | None = None
+    #: a wrapper's inner workload (an engine's wrapper trains it: ``prepare`` of DeepSpeed, DCP's
+    #: FSDP2, Accelerate), set by the wrapper's ``__init__``; None: no wrapper. Read on its rank
+    #: by ``consumed_samples`` and by the strategy that made the wrapper
+    inner: Workload | None = None
 
     @classmethod
     def topology_problem(cls, spec: WorkloadSpec, tp: int, pp: int) -> str | None:
@@ -74,8 +78,15 @@ class Workload(ABC):
     def consumed_samples(self) -> list[int] | None:
         """The dataset indices this rank trained in its last step (the data audit); a wrapper that
         trains an inner workload answers with the inner one's."""
-        inner = getattr(self, "inner", None)
-        return inner.consumed_samples() if isinstance(inner, Workload) else self.last_samples
+        return self.inner.consumed_samples() if self.inner is not None else self.last_samples
+
+    def evaluation_loss(self, parameters: dict[str, torch.Tensor] | None = None) -> float | None:
+        """The loss on a fixed evaluation batch under the current parameters (``parameters``: these,
+        by name, in place of the model's own), or None when the workload has none (the default).
+        Changes no state and makes no collective. Called by a strategy's ``save`` on the ranks that
+        write (the torch schemes, DeepSpeed: recorded in the checkpoint) and by `resilience verify
+        --step-check` on every rank after the load, to compare with what the checkpoint recorded."""
+        return None
 
     def fingerprint(self) -> dict[str, str]:
         """A digest per leaf of ``state_dict()``: equal digests mean bitwise-equal state."""

@@ -2,39 +2,20 @@
 do to files at rest (a flipped bit, a cut file, a zeroed block, a lost or misplaced shard, a stale
 or dangling ``latest`` pointer).
 
-On every rank, right after the ``step`` save returned, the ranks meet at a barrier (every rank's
-files are complete), the trigger rank damages every file matching ``file`` that was written
-during that save, the ranks meet again, and the trigger rank dies (SIGKILL), so the restart
-restores from the damaged checkpoint, as ``version_mismatch`` does. The files are changed on disk
-with plain file operations: the restart reads what a real damaged file holds.
+The trigger and the stop are those of every damage at rest (`damage.DamageAfterSave`): right after
+the ``step`` save returned everywhere, the trigger rank damages every file matching ``file`` that
+was written during that save, then dies, so the restart restores from the damaged checkpoint, as
+``version_mismatch`` does. The files are changed on disk with plain file operations: the restart
+reads what a real damaged file holds.
 """
 from __future__ import annotations
 
-import os
-import signal
-import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ...core.confined import resolve_under
-from ...disk.trace_targets import is_selector, parse_target
-from ..base import Fault
-from .traced import SaveTracer
+from .damage import DamageAfterSave
 
 MIDDLE = "middle"
-
-
-def file_identities(root: Path) -> dict[str, tuple[int, int, int]]:
-    """Every file under ``root``: relative path -> (inode, mtime_ns, size)."""
-    found = {}
-    for path in root.rglob("*"):
-        try:
-            stat = path.stat()
-        except FileNotFoundError:
-            continue
-        if path.is_file():
-            found[path.relative_to(root).as_posix()] = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
-    return found
 
 
 def _offset_problem(key: str, value: Any) -> tuple[str, str, Any, Any] | None:
@@ -48,111 +29,6 @@ def _resolve_offset(offset: Any, size: int, name: Any) -> int:
     if at >= size:
         raise ValueError(f"fault offset {at} is past the end of {name} ({size} bytes)")
     return at
-
-
-class DamageAfterSave(Fault):
-    """The shared trigger: after the ``step`` save returned everywhere, damage, then stop the job.
-
-    Subclasses implement ``damage(paths)`` (on the trigger rank only; returns what it did, for the
-    event) and may override ``pick(changed)`` (which files to damage among those written during
-    the save that match ``file``). ``file`` may name files by behaviour (``@written_by:R``,
-    `resilience.disk.trace_targets`): then every rank traces its saves (`traced.SaveTracer`)."""
-
-    points = {"save": ("returned",)}
-    byte_points = ()
-    stops_job: ClassVar[bool] = True
-    #: False: nothing on disk is touched, the fault only stops the job here (and acts later)
-    damages_files: ClassVar[bool] = True
-
-    #: the selectors ``file`` may be (`resilience.disk.trace_targets`)
-    trace_targets: ClassVar[tuple[str, ...]] = ("written_by",)
-
-    def __init__(self, spec):
-        super().__init__(spec)
-        self._before: dict[str, tuple[int, int, int]] | None = None
-        self.tracer = SaveTracer.for_values((spec.trigger.file, spec.params.get("source")), spec.trigger.step,
-                                            1 << 20) if spec.trigger else None
-
-    def needs_interception(self) -> bool:
-        return self.tracer is not None  # the ranks' opens for writing are the trace
-
-    def arm(self, env) -> None:
-        super().arm(env)
-        if self.tracer is not None:
-            self.tracer.arm(env)
-
-    def wants(self, relative: str) -> bool:
-        return self.tracer is not None and self.tracer.wants(relative)
-
-    def on_open(self, file) -> None:
-        if self.tracer is not None:
-            self.tracer.record_open(file.relative)
-
-    def identities(self) -> dict[str, tuple]:
-        """What is saved now: files under the checkpoint directory, or objects under its URL."""
-        if self.env.checkpoint_url:
-            from ...objectstore.objects import object_identities
-
-            return object_identities(self.env.checkpoint_url)
-        return file_identities(self.env.checkpoint_dir)
-
-    def first_run(self) -> bool:
-        return self.env is not None and self.env.incarnation == "first_run"
-
-    def at(self, phase: str, step: int) -> None:
-        # The train step before the triggering save: the previous save returned on every rank.
-        if self.first_run() and phase == "train" and step == self.trigger.step and self.on_trigger_rank():
-            self._before = self.identities()
-
-    def written_during_save(self) -> list[str]:
-        """Files matching ``file`` created or changed since the triggering step began (or those
-        the selector names, from the ranks' traces)."""
-        if is_selector(self.trigger.file):  # the trace follows files, not objects
-            return [] if self.env.checkpoint_url else self.tracer.resolve(self.trigger.file)
-        before = self._before or {}
-        return sorted(relative for relative, identity in self.identities().items()
-                      if before.get(relative) != identity and self.path_matches(relative))
-
-    def pick(self, changed: list[str]) -> list[str]:
-        return changed
-
-    def missed(self) -> str:
-        """Why no file was damaged, in one line."""
-        if is_selector(self.trigger.file):
-            target = parse_target(self.trigger.file, self.env.world_size)
-            return f"no file fits: {target.describe(self.trigger.step)} (none it can act on)"
-        return f"no file matching {self.trigger.file!r} was written during the save"
-
-    def damage(self, paths: list[Path]) -> dict[str, Any]:
-        return {}
-
-    def damage_objects(self, relatives: list[str]) -> dict[str, Any]:
-        raise NotImplementedError(f"{self.kind} acts on files only")
-
-    def after_save(self, strategy, step: int) -> None:
-        if not self.first_run() or step != self.trigger.step:
-            return
-        import torch.distributed as dist
-
-        if self.tracer is not None:
-            self.tracer.flush()  # before the ranks meet: the trigger rank reads every rank's trace
-        dist.barrier()  # every rank's save returned: its files are complete
-        acted = False
-        if self.on_trigger_rank():
-            targets = self.pick(self.written_during_save()) if self.damages_files else []
-            if targets or not self.damages_files:
-                if self.env.checkpoint_url:
-                    detail = self.damage_objects(targets)
-                else:
-                    detail = self.damage([resolve_under(self.env.checkpoint_dir, r) for r in targets])
-                acted = True
-                self.fired(point="returned", files=targets, ends_process=self.stops_job, **detail)
-            else:
-                self.env.emit("fault_missed", kind=self.spec.kind, file=self.trigger.file, reason=self.missed())
-        dist.barrier()  # the damage is done before anyone goes on
-        if acted and self.stops_job:
-            os.kill(os.getpid(), signal.SIGKILL)
-            time.sleep(3600)  # SIGKILL is not deliverable late; this only keeps the code honest
 
 
 class RewritesBytes(DamageAfterSave):

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ...core.plan import RESTART
 from ...disk.trace_targets import is_selector
 from ..base import CaseEnvironment
-from .corruption import DamageAfterSave
+from .damage import DamageAfterSave
 
 if TYPE_CHECKING:
     from ...core.records import PhaseResult

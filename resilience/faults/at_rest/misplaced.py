@@ -1,6 +1,6 @@
 """Damage at rest that puts the wrong content under a right name: another rank's file copied over
 a file (``duplicate_file``), a pointer file naming a stale or missing tag (``stale_pointer``).
-The trigger and the stop are those of every damage at rest (`resilience.faults.at_rest.corruption`)."""
+The trigger and the stop are those of every damage at rest (`resilience.faults.at_rest.damage`)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,8 @@ from typing import Any
 
 from ...core.confined import resolve_under
 from ...disk.trace_targets import POINTER, is_selector
-from .corruption import DamageAfterSave
+from ..base import ReadListener
+from .damage import DamageAfterSave
 
 
 class DuplicateFile(DamageAfterSave):
@@ -83,7 +84,7 @@ def counterpart(target: str, candidates: list[str], root: Path) -> str:
 POINTER_TARGETS = ("older", "missing")
 
 
-class StalePointer(DamageAfterSave):
+class StalePointer(DamageAfterSave, ReadListener):
     """The pointer file (``file``, e.g. DeepSpeed's ``latest``) rewritten to name an ``older`` tag
     (the newest other directory beside it: a pointer update that never reached the disk) or a
     ``missing`` one (a tag whose directory does not exist: the shards were cleaned up or never

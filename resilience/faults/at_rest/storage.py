@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from ...core import janitor
-from ..base import CaseEnvironment, FaultUnavailable
-from .corruption import DamageAfterSave
+from ..base import CaseEnvironment, FaultUnavailable, ReadListener
+from .damage import DamageAfterSave
 
 MOUNT_TIMEOUT_S = 30
 
@@ -54,7 +54,7 @@ class _StopThenRestore(DamageAfterSave):
         return self.restarted() and self.env.clock.phase == "load"
 
 
-class ReadError(_StopThenRestore):
+class ReadError(_StopThenRestore, ReadListener):
     kind = "read_error"
     params = {"fails_at": (("read", "open"), "read")}
 
@@ -82,7 +82,7 @@ class ReadError(_StopThenRestore):
         raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
 
 
-class SlowRead(_StopThenRestore):
+class SlowRead(_StopThenRestore, ReadListener):
     kind = "slow_read"
     params = {"bytes_per_s": (float, None)}
 
@@ -114,6 +114,7 @@ class ReadOnly(_StopThenRestore):
     def __init__(self, spec):
         super().__init__(spec)
         self.mounted = False
+        self.told = False  # the restart's first save was reached (the kernel refuses it)
 
     def setup(self, env: CaseEnvironment) -> None:
         if self.spec.params["via"] == "mount" and os.geteuid() != 0:
@@ -149,8 +150,8 @@ class ReadOnly(_StopThenRestore):
 
     def at(self, phase: str, step: int) -> None:
         super().at(phase, step)
-        if self.restarted() and phase == "save" and self.on_trigger_rank() and not getattr(self, "_told", False):
-            self._told = True  # the kernel, not this code, refuses the write: record where it meets it
+        if self.restarted() and phase == "save" and self.on_trigger_rank() and not self.told:
+            self.told = True  # the kernel, not this code, refuses the write: record where it meets it
             self.fired(point="save", read_only=str(self.env.checkpoint_dir))
 
 

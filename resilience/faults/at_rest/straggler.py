@@ -30,7 +30,7 @@ from typing import Any
 from ...core.confined import resolve_under
 from ...errors import HarnessError
 from ..base import CaseEnvironment
-from .corruption import DamageAfterSave, file_identities
+from .damage import DamageAfterSave, file_identities
 
 PIDS_FILE = "straggler.pids"  # in the case directory: one pid per line, for teardown
 RELEASE_FILE = "straggler.release"  # made by the harness once the first run ended

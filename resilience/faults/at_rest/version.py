@@ -3,7 +3,7 @@ framework between save and restore (the seed: "version upgrades may make checkpo
 
 On every rank, right after its save for ``step`` returned, the strategy rewrites the version
 stamp its files carry (its format version, DeepSpeed's ``ds_version``, ...) to an ``older`` or
-``newer`` one. A strategy that cannot (no ``records_version``) is read by behaviour instead: each
+``newer`` one. A strategy that cannot (no `Capability.VERSION_STAMP`) is read by behaviour instead: each
 rank rewrites every version field (a key naming a version, at the top of a saved mapping or one
 level down) in the torch files it wrote during that save, as its IO trace shows them. The scenario states whether the restore refuses (loud) or loads and recovers.
 A real cross-version restore runs the restart under other packages instead (``restart.packages``).
@@ -16,14 +16,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...core.capabilities import Capability
 from ...disk.trace_targets import TraceTarget
-from ..base import Fault
+from ..base import Fault, WriteListener
 from .traced import SaveTracer
 
 CLAIMS = ("older", "newer")
 
 
-class VersionMismatch(Fault):
+class VersionMismatch(Fault, WriteListener):
     kind = "version_mismatch"
     points = {"save": ("returned",)}
     byte_points = ()
@@ -34,15 +35,13 @@ class VersionMismatch(Fault):
         self.tracer = SaveTracer(TraceTarget("written_by"), spec.trigger.step)
         self.self_stamping = True
 
-    def needs_interception(self) -> bool:
-        return True  # wants nothing when the strategy restamps its own files
-
     def attach(self, strategy) -> None:
-        self.self_stamping = bool(getattr(strategy, "records_version", False))
+        # as configured on this rank (a wrapper: what it forwards of its inner strategy's)
+        self.self_stamping = strategy.offers(Capability.VERSION_STAMP)
         if not self.self_stamping:
             self.tracer.arm(self.env)
 
-    def wants(self, relative: str) -> bool:
+    def wants(self, relative: str) -> bool:  # interception is installed before the strategy exists
         return not self.self_stamping and self.tracer.wants(relative)
 
     def on_open(self, file) -> None:
@@ -70,8 +69,8 @@ class VersionMismatch(Fault):
         if not int(count):
             if self.on_trigger_rank():
                 self.env.emit("fault_missed", kind=self.kind, reason=f"no file of the step-{step} save carries a "
-                              "version field (a key naming a version in a saved mapping) and the strategy's "
-                              "records_version is false")
+                              "version field (a key naming a version in a saved mapping) and the strategy "
+                              "rewrites no version stamp")
             return
         stops = self.on_trigger_rank()
         self.fired(point="returned", files=files, claim=claim, ends_process=stops)

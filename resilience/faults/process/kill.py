@@ -12,13 +12,13 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from ...disk.interception import InterceptedFile
-from ..base import Fault
+from ..base import Fault, WriteListener
 
 AWAIT_S = 30.0
 FILE_POINTS = ("open", "write", "fsync", "close")  # points reached through a file's IO
 
 
-class Kill(Fault):
+class Kill(Fault, WriteListener):
     """Kill ``rank`` at ``point`` of ``phase`` at ``step``:
 
     - ``start``: entering the train step (before its all-reduce) or the save (before any file);

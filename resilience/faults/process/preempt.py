@@ -19,12 +19,12 @@ from typing import Any, ClassVar
 
 from ...disk.interception import InterceptedFile
 from ...core.preemption import EMERGENCY_PHASE, sigterm_received
-from ..base import Fault
+from ..base import Fault, WriteListener
 
 SIGTERM_TIMEOUT_S = 60.0  # how long the trigger rank waits for the harness's SIGTERM
 
 
-class Preempt(Fault):
+class Preempt(Fault, WriteListener):
     kind = "preempt"
     points: ClassVar[dict[str, tuple[str, ...]]] = {"train": ("start",), "save": ("start",)}
     byte_points = ("start",)

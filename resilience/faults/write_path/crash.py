@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...disk.interception import InterceptedFile
 from ...errors import InjectedCrash
-from ..base import CaseEnvironment, Fault
+from ..base import CaseEnvironment, Fault, WriteListener
 
 if TYPE_CHECKING:
     from ...core.records import PhaseResult
@@ -32,7 +32,7 @@ THREAD = re.compile(r"^(?P<head>(?:Current thread|Thread) 0x[0-9a-f]+)[^\n]*\n(?
 FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
-class Crash(Fault):
+class Crash(Fault, WriteListener):
     """Crash ``rank`` at its trigger point (``start`` of a train step or save, or a file point of
     the save, as `Kill` has them), ``how``:
 

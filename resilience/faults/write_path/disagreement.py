@@ -15,6 +15,7 @@ import signal
 import time
 from typing import Any
 
+from ...core.capabilities import Capability
 from ..base import Fault
 
 
@@ -23,6 +24,7 @@ class TagMismatch(Fault):
     points = {"save": ("start",)}
     byte_points = ()
     params = {"skew": (object, 1)}
+    requires = frozenset({Capability.TAGS})  # a tag per step (tag_for) to disagree on, e.g. deepspeed.zero2
 
     @classmethod
     def check(cls, spec):
@@ -31,16 +33,9 @@ class TagMismatch(Fault):
             return ("fault.skew", "must be a non-zero step difference", skew, "an integer other than 0")
         return None
 
-    @classmethod
-    def check_strategy(cls, strategy: type):
-        if not callable(getattr(strategy, "tag_for", None)):
-            return ("fault.kind", f"strategy {strategy.__name__} names no tag per step (tag_for) to disagree on",
-                    cls.kind, "a strategy with a tag_for(step) method, e.g. deepspeed.zero2")
-        return None
-
     def attach(self, strategy: Any) -> None:
-        while callable(getattr(getattr(strategy, "inner", None), "tag_for", None)):  # a wrapper: its inner saves
-            strategy = strategy.inner
+        while strategy.inner is not None and strategy.inner.offers(Capability.TAGS):
+            strategy = strategy.inner  # a wrapper: its inner strategy saves, with its tags
         self.strategy = strategy
 
     def at(self, phase: str, step: int) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from ...core import janitor
 from ...disk.interception import STAGING_PREFIX, InterceptedFile
-from ..base import CaseEnvironment, Fault, FaultUnavailable
+from ..base import CaseEnvironment, Fault, FaultUnavailable, WriteListener
 
 BALLAST_NAME = ".resilience-ballast"
 
@@ -31,7 +31,7 @@ def _no_space(file: InterceptedFile) -> OSError:
     return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file.path))
 
 
-class DiskFull(Fault):
+class DiskFull(Fault, WriteListener):
     kind = "disk_full"
     points = {"save": ("write", "fsync", "close", "start")}
     byte_points = ("write", "fsync", "close", "start")

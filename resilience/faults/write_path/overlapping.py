@@ -16,26 +16,22 @@ import signal
 import time
 from typing import Any
 
+from ...core.capabilities import Capability
 from ...disk.interception import InterceptedFile
-from ..base import Fault
+from ..base import Fault, WriteListener
 
 STALL_S = 3600.0  # a stalled write waits for the kill
 
 
-class OverlappingAsync(Fault):
+class OverlappingAsync(Fault, WriteListener):
     kind = "overlapping_async"
     points = {"save": ("start",)}
     byte_points = ()
     # ``file`` (a glob) names the files whose writes stall: a background writer may still be writing
     # an older save's files when the trigger's save begins
     params = {"in_flight": (float, 2.0)}
-
-    @classmethod
-    def check_strategy(cls, strategy: type):
-        if not hasattr(strategy, "in_flight_steps"):
-            return ("strategy", "needs a strategy whose saves finish in the background and that reports them "
-                                "(in_flight_steps(): dcp with mode: async)", strategy.__name__, "dcp")
-        return None
+    # a strategy whose saves finish in the background and that reports them (dcp with mode: async)
+    requires = frozenset({Capability.IN_FLIGHT_STEPS})
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -44,9 +40,6 @@ class OverlappingAsync(Fault):
 
     def attach(self, strategy: Any) -> None:
         self.strategy = strategy
-
-    def needs_interception(self) -> bool:
-        return True
 
     def stalling(self) -> bool:
         return self.on_trigger_rank() and self.env.clock.save_step >= self.trigger.step

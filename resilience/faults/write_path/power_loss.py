@@ -16,13 +16,13 @@ from typing import Any
 from ...disk.collective_hooks import CollectiveHooks
 from ...disk.interception import InterceptedFile
 from ...disk.io_trace import NamespaceHooks, TraceWriter
-from ..base import Fault, RankEnvironment
+from ..base import Fault, RankEnvironment, WriteListener
 
 TRACE_DIR = "trace"  # under the case directory
 PROFILES = ("ci", "long")
 
 
-class PowerLoss(Fault):
+class PowerLoss(Fault, WriteListener):
     """Every rank loses power at once, somewhere inside the save of ``step``.
 
     Rank side: ``arm`` opens the rank's trace and hooks the namespace operations; the IO hooks record
@@ -44,9 +44,6 @@ class PowerLoss(Fault):
         self.writer: TraceWriter | None = None
         self.hooks: NamespaceHooks | None = None
         self.collectives: CollectiveHooks | None = None
-
-    def needs_interception(self) -> bool:
-        return True
 
     def arm(self, env: RankEnvironment) -> None:
         super().arm(env)

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from ...core.capabilities import Capability
 from ...workloads.base import TrainableWorkload, Workload
 from ..base import CheckpointStrategy, StrategyContext
 from .engine import ZeroTrainedWorkload, deepspeed_version, import_deepspeed, start_engine, training_config
@@ -70,6 +71,14 @@ class ZeroCheckpoint(CheckpointStrategy):
     requires = {"deepspeed": "DS_BUILD_OPS=0 pip install 'resilience[deepspeed]'"}
     option_values: ClassVar[Mapping[str, tuple[str, ...]]] = {"restore": RESTORE_ROUTES, "writer": WRITERS,
                                                               "tag_validation": TAG_VALIDATION}
+    capabilities = frozenset({Capability.TAGS, Capability.VERSION_STAMP, Capability.CHOSEN_STEP})
+
+    @classmethod
+    def capabilities_for(cls, options: Mapping[str, Any]) -> frozenset[Capability]:
+        """``restore: universal`` converts what ``latest`` names: it cannot load a chosen step."""
+        if options.get("restore", "native") == "universal":
+            return cls.capabilities - {Capability.CHOSEN_STEP}
+        return cls.capabilities
 
     def __init__(self, context: StrategyContext):
         super().__init__(context)
@@ -114,7 +123,6 @@ class ZeroCheckpoint(CheckpointStrategy):
                                              client_state={"progress": self.workload.inner.progress_state(),
                                                            "check_loss": self.workload.evaluation_loss()})
 
-    records_version = True
     CLAIMED_DS_VERSIONS: ClassVar[Mapping[str, str]] = {"older": "0.3.0", "newer": "99.0.0"}
 
     def rewrite_version_stamp(self, step: int, claim: str) -> list[str]:

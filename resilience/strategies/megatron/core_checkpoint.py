@@ -47,6 +47,7 @@ from typing import Any, ClassVar
 
 import torch.distributed as dist
 
+from ...core.capabilities import Capability
 from ...workloads.base import Workload
 from ..base import CheckpointStrategy
 from .core_cpu import apply_cpu_stubs
@@ -67,7 +68,7 @@ class MegatronCoreCheckpoint(CheckpointStrategy):
     option_values: ClassVar[dict[str, tuple[Any, ...]]] = {"async": (True, False), "fully_parallel": (True, False),
                                                           "strict": STRICT_MODES}
     requires = {"megatron": "pip install 'resilience[megatron]'"}
-    records_version = True
+    capabilities = frozenset({Capability.VERSION_STAMP})
     # a load keeps nothing for the next (a reader per load; the cached results queue is the save's)
     warm_restores = True
 

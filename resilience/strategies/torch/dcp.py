@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from ...workloads.base import TrainableWorkload, Workload
+from ...core.capabilities import Capability
 from ..base import CheckpointStrategy, StrategyContext
 from .dcp_objects import (METADATA, STEP_DIR, committed_steps_at, missing_client, object_reader, object_storage_problem, object_writer,
                           part_size_problem)
@@ -172,6 +173,14 @@ class DcpCheckpoint(CheckpointStrategy):
     options = ("mode", "storage", "overlap", "part_size")
     option_values: ClassVar[Mapping[str, tuple[Any, ...]]] = {"mode": MODES, "storage": STORAGES,
                                                               "overlap": (False, True)}
+    capabilities = frozenset({Capability.IN_FLIGHT_STEPS})
+
+    @classmethod
+    def capabilities_for(cls, options: Mapping[str, Any]) -> frozenset[Capability]:
+        """In sync mode no save is ever in flight: nothing to report."""
+        if options.get("mode", "sync") == "async":
+            return cls.capabilities
+        return cls.capabilities - {Capability.IN_FLIGHT_STEPS}
 
     def __init__(self, context: StrategyContext):
         super().__init__(context)

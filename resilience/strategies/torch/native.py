@@ -25,7 +25,7 @@ complete, a step "directory" is the prefix of its objects; option ``part_size`` 
 is s3fs's block size, above which a file goes up as a multipart upload.
 
 Each file also records ``check_loss``, the workload's loss on a fixed evaluation batch at save time
-(when the workload offers ``evaluation_loss``): `resilience verify --step-check` recomputes it
+(when the workload has one: ``evaluation_loss()`` is not None): `resilience verify --step-check` recomputes it
 after loading and compares bitwise. Restore reads it into ``recorded_check_loss`` and ignores it.
 """
 from __future__ import annotations
@@ -38,6 +38,7 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 
+from ...core.capabilities import Capability
 from ...workloads.base import Workload
 from ..base import CheckpointStrategy
 from .dcp_objects import part_size_problem
@@ -56,8 +57,8 @@ def version_stamp() -> dict:
 
 def check_loss(workload: Workload) -> dict:
     """``{check_loss: float}`` for the file, when the workload can compute an evaluation loss."""
-    evaluate = getattr(workload, "evaluation_loss", None)
-    return {CHECK_LOSS_KEY: float(evaluate())} if evaluate is not None else {}
+    loss = workload.evaluation_loss()
+    return {CHECK_LOSS_KEY: float(loss)} if loss is not None else {}
 
 
 def load_checked(path: Path | str, check_version: bool, target: CheckpointTarget | None = None) -> dict:
@@ -137,9 +138,8 @@ class TorchSave(CheckpointStrategy):
     """What both torch schemes share: the stamped file content and the check loss read back."""
 
     warm_restores = True  # keeps nothing between loads: restored in warm ranks
-    records_version = True
-    #: the evaluation loss the loaded file recorded at save time (None: nothing loaded, or not recorded)
-    recorded_check_loss: float | None = None
+    capabilities = frozenset({Capability.VERSION_STAMP, Capability.CHOSEN_STEP})
+    _target: CheckpointTarget | None = None  # made on first use: the options name its part size
 
     def file_content(self, workload: Workload) -> dict:
         return {**workload.state_dict(), STAMP_KEY: version_stamp(), **check_loss(workload)}
@@ -150,7 +150,7 @@ class TorchSave(CheckpointStrategy):
     @property
     def target(self) -> CheckpointTarget:
         """The checkpoint directory, or the case's object store (``context.checkpoint_url``)."""
-        if getattr(self, "_target", None) is None:
+        if self._target is None:
             from ...scenario.checks import parse_size
 
             part = self.context.options.get("part_size")
