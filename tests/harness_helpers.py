@@ -2,10 +2,18 @@
 from __future__ import annotations
 
 import copy
+import os
+from pathlib import Path
 
 from resilience.core.records import CaseResult
 from resilience.run.harness import Harness
+from resilience.run.reference_cache import ReferenceCache
 from resilience.scenario.loader import load_document
+
+# The reference cache of this pytest run: a directory tests/conftest.py makes once per run (shared
+# by every pytest-xdist worker) and removes at its end. Unset (a test marked ``fresh_reference``,
+# or these helpers used outside that run): every case runs its own reference.
+REFERENCE_CACHE_ENV = "RESILIENCE_TESTS_REFERENCE_CACHE"
 
 BASE = {
     "name": "test case",
@@ -27,5 +35,13 @@ def case_from(**overrides):
     return load_document(document, "tests/generated.scenario.yaml").cases[0]
 
 
+def shared_reference_cache() -> ReferenceCache | None:
+    """The run's reference cache: its key covers the workload, the topology, torch and the source
+    of every module a rank runs, so an entry is the reference this case would compute."""
+    root = os.environ.get(REFERENCE_CACHE_ENV)
+    return ReferenceCache(Path(root)) if root else None
+
+
 def run_case(tmp_path=None, keep=False, **overrides) -> CaseResult:
-    return Harness(work_root=tmp_path, keep=keep).run(case_from(**overrides))
+    harness = Harness(work_root=tmp_path, keep=keep, cache=shared_reference_cache())
+    return harness.run(case_from(**overrides))

@@ -1,6 +1,7 @@
 """Topology fuzzing: the fast tier over restore models, the process tier over real ranks, the CLI."""
 from __future__ import annotations
 
+import pytest
 import yaml
 from hypothesis import settings
 
@@ -51,6 +52,7 @@ def test_the_restore_model_agrees_with_the_real_strategy_on_the_shrunk_counterex
     assert predicted is VerdictKind.SILENT and result.verdict.kind is VerdictKind.SILENT
 
 
+@pytest.mark.slow
 def test_process_tier_runs_megatron_in_real_ranks_and_matches_the_model(tmp_path):
     verdicts = []
 

@@ -274,6 +274,7 @@ def _interrupt_mid_case(run: Run, kind: str, interrupt) -> None:
     run.wait_exit(ranks)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(CASES))
 def test_ctrl_c_mid_case_leaves_nothing_behind(scenario_run, kind):
     _needs(kind)
@@ -283,6 +284,7 @@ def test_ctrl_c_mid_case_leaves_nothing_behind(scenario_run, kind):
     assert run.leftovers() == {"processes": [], "files": [], "mounts": [], "namespaces": []}, run.output()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(CASES))
 def test_killed_xdist_worker_mid_case_leaves_nothing_behind(scenario_run, kind):
     pytest.importorskip("xdist")

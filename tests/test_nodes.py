@@ -72,6 +72,7 @@ def run(case_id: str | None, tmp_path: Path, scenario: Path = SCENARIO, **option
     return job
 
 
+@pytest.mark.slow
 @needs_nodes
 def test_a_lost_node_is_replaced_by_a_spare_and_every_driver_prints_the_local_harness_verdict(tmp_path):
     job = run(TORN, tmp_path / "nodes", spares=1)
@@ -127,6 +128,7 @@ def scenario_file(directory: Path, text: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 @needs_nodes
 def test_the_survivor_goes_on_alone_elastically_and_the_restore_matches_the_continuation(tmp_path):
     job = run(None, tmp_path / "job", scenario_file(tmp_path, SHRINK), min_nodes=1)
@@ -156,6 +158,7 @@ STORE_HOST = """\
     """
 
 
+@pytest.mark.slow
 @needs_nodes
 def test_losing_the_node_that_hosts_the_store_ends_the_whole_job_loudly(tmp_path):
     """pytorch #67742: the c10d rendezvous store lives in node 0's agent; without it the survivor's
@@ -172,6 +175,7 @@ def test_losing_the_node_that_hosts_the_store_ends_the_whole_job_loudly(tmp_path
     assert not list(job.case_dir.glob("launch*.restart1"))  # no restart ever began
 
 
+@pytest.mark.slow
 @needs_nodes
 def test_a_harness_killed_mid_job_leaves_no_namespace_agent_rank_or_disk(tmp_path):
     """The janitor kills what is still in each node's namespace (workers lead their own sessions)."""

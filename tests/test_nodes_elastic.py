@@ -32,6 +32,7 @@ def shrink_round_began(case_dir: Path) -> bool:
     return len(rounds(case_dir)) >= 2
 
 
+@pytest.mark.slow
 @needs_nodes
 def test_a_spare_grows_the_shrunk_job_back_and_the_grown_restore_is_judged(tmp_path):
     from resilience.run.nodes_job import run_job_on_nodes
@@ -110,6 +111,7 @@ STALL = ("fault.kind=stall,fault.rank=2,fault.step=8,fault.phase=save,fault.seco
     (PARTITION, "PASSED LOUD      expected LOUD      ", "node 1 cut off the other nodes by its driver"),
     (STALL, "PASSED RECOVERED expected RECOVERED ", "node 1 frozen: rank 2 stopped itself, ranks [3] stopped with it"),
 ], ids=["partition", "stall"])
+@pytest.mark.slow
 def test_a_node_cut_off_or_frozen_in_the_multi_node_job_gives_every_driver_the_same_verdict(tmp_path, case_id,
                                                                                            line, note):
     """scope: node under torchrun: node 1's driver drives the fault for its own ranks, in its own

@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from resilience.planted.catalogue import BUGS, CATCHERS
 from resilience.strategies.base import CheckpointStrategy
 
@@ -36,6 +38,7 @@ def test_the_catalogue_plants_at_least_twelve_distinct_documented_bugs():
     assert {b.catcher for b in BUGS} == catchers  # no catcher without a bug it is known to catch
 
 
+@pytest.mark.slow
 def test_every_planted_bug_is_caught_and_every_control_passes(tmp_path):
     report = tmp_path / "planted.json"
     done = planted("--json", str(report), tmp_path=tmp_path)
@@ -117,6 +120,7 @@ class FallsBackPerRank(PerRankFiles):
 '''
 
 
+@pytest.mark.slow
 def test_bugs_planted_outside_the_repository_are_caught(tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()

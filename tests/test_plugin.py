@@ -85,6 +85,7 @@ def test_failed_case_reports_verdict_and_replay(pytester):
     result.stdout.fnmatch_lines(["*verdict: RECOVERED   expected: LOUD*", "*replay: python -m resilience run*"])
 
 
+@pytest.mark.fresh_reference  # its reference's rank processes are among those checked
 def test_no_rank_process_survives_a_case(tmp_path):
     from .harness_helpers import run_case
 

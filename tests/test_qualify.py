@@ -53,6 +53,7 @@ def qualified(tmp_path_factory):
     return status, out, json.loads((out / "report.json").read_text())
 
 
+@pytest.mark.slow
 def test_exit_status_is_nonzero_when_a_case_fails(qualified):
     status, _, report = qualified
     assert status == 1
@@ -61,6 +62,7 @@ def test_exit_status_is_nonzero_when_a_case_fails(qualified):
     assert report["summary"] == {"total": 3, "passed": 2, "failed": 1}
 
 
+@pytest.mark.slow
 def test_json_carries_losses_steps_lost_and_restore_time(qualified):
     _, _, report = qualified
     passed = next(c for c in report["cases"] if c["status"] == "passed" and c["verdict"] == "RECOVERED")
@@ -84,6 +86,7 @@ def test_json_carries_losses_steps_lost_and_restore_time(qualified):
     assert broken["restore_s"] == pytest.approx(failed["restore_s"])
 
 
+@pytest.mark.slow
 def test_a_refused_restore_beside_an_intact_checkpoint_is_reported(qualified):
     _, _, report = qualified
     refused = next(c for c in report["cases"] if c["verdict"] == "LOUD")
@@ -94,6 +97,7 @@ def test_a_refused_restore_beside_an_intact_checkpoint_is_reported(qualified):
     assert per_rank["cases"] == 2 and per_rank["restored"] == 1 and per_rank["refused_with_intact"] == 1
 
 
+@pytest.mark.slow
 def test_json_records_environment_and_filesystem_figures(qualified):
     _, _, report = qualified
     env = report["environment"]
@@ -109,6 +113,7 @@ def test_json_records_environment_and_filesystem_figures(qualified):
         assert figure["save_fraction"] > 0 and figure["restore_fraction"] > 0
 
 
+@pytest.mark.slow
 def test_junit_lists_every_case_with_its_failure(qualified):
     _, out, _ = qualified
     suite = ET.parse(out / "junit.xml").getroot()
@@ -117,6 +122,7 @@ def test_junit_lists_every_case_with_its_failure(qualified):
     assert len(failures) == 1 and "SILENT" in failures[0].find("failure").text
 
 
+@pytest.mark.slow
 def test_html_renders_in_headless_chromium(qualified):
     chromium = find_chromium()
     if chromium is None:

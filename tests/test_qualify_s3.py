@@ -29,6 +29,7 @@ def store(tmp_path):
         started.stop()
 
 
+@pytest.mark.slow
 def test_qualify_reports_the_store_its_put_get_bandwidth_and_throughput_fractions(tmp_path, store):
     out = tmp_path / "report"
     url = f"s3://{store.bucket}/qualify"

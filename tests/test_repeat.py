@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from resilience.commands.repeat import Observation, Repetition, summary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +32,7 @@ def test_a_changed_observation_is_reported_with_every_round():
     assert text.endswith("1/2 cases gave the same verdict in all 3 rounds; 1 changed")
 
 
+@pytest.mark.slow
 def test_the_smoke_tier_gives_identical_verdicts_in_three_rounds(tmp_path):
     report = tmp_path / "repeat.json"
     done = repeat("scenarios/", "--tier", "smoke", "--times", "3", "--json", str(report), tmp_path=tmp_path)
@@ -59,6 +62,7 @@ class SometimesForgets(PerRankSave):
 '''
 
 
+@pytest.mark.slow
 def test_a_flaky_strategy_is_reported_as_changed(tmp_path):
     module = tmp_path / "module"
     module.mkdir()

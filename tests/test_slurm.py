@@ -64,6 +64,7 @@ def submit(cluster: LocalCluster, tmp_path: Path, script_text: str) -> tuple[str
     return job_id, cases
 
 
+@pytest.mark.slow
 @needs_slurm
 def test_the_docs_slurm_recipe_runs_through_sbatch_on_two_namespaced_nodes(cluster, tmp_path):
     before = cluster.machines.topology.counters()
@@ -108,6 +109,7 @@ def await_fault(case_dir: Path, rank: int, timeout_s: float) -> dict:
     raise AssertionError(f"rank {rank} never reached its fault within {timeout_s:g} s: {events}")
 
 
+@pytest.mark.slow
 @needs_slurm
 def test_a_node_lost_under_slurm_is_requeued_on_a_spare_node_and_gives_the_local_harness_verdict(cluster, tmp_path):
     scenario = tmp_path / "node_loss.scenario.yaml"
@@ -168,6 +170,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 @needs_slurm
 def test_a_process_killed_with_its_cluster_running_leaves_no_daemon_and_no_namespace(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", HOLDS_A_CLUSTER, str(tmp_path / "slurm")],

@@ -34,6 +34,7 @@ def phase_begins(result, name):
 
 # -- real torchrun ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_killed_rank_is_restarted_by_the_elastic_agent_and_the_restore_verifies(tmp_path):
     case = case_from(fault={"kind": "kill", "rank": 1, "step": 6, "phase": "train"})
     result = run_and_check_cleanup(tmp_path, case, nnodes=1, nproc_per_node=2, max_restarts=1)
@@ -45,6 +46,7 @@ def test_a_killed_rank_is_restarted_by_the_elastic_agent_and_the_restore_verifie
     assert {(e["launch"], e["restart_count"]) for e in phase_begins(result, "restart")} == {(0, 1)}
 
 
+@pytest.mark.slow
 def test_a_torn_checkpoint_restored_under_torchrun_is_loud(tmp_path):
     case = case_from(fault={"kind": "kill", "rank": 0, "step": 8, "phase": "save", "point": "write",
                             "file": "*_rank_0.pt", "after_bytes": 4096},
@@ -59,6 +61,7 @@ def test_a_torn_checkpoint_restored_under_torchrun_is_loud(tmp_path):
     assert [p.name for p in result.phases][-1] == "fallback"
 
 
+@pytest.mark.slow
 def test_a_job_without_a_fault_is_resumed_by_a_second_launch_and_verifies(tmp_path):
     result = run_and_check_cleanup(tmp_path, case_from(strategy="torch.rank0"), max_restarts=1)
     assert result.verdict.kind is VerdictKind.RECOVERED, result.verdict.findings
@@ -66,6 +69,7 @@ def test_a_job_without_a_fault_is_resumed_by_a_second_launch_and_verifies(tmp_pa
     assert {(e["launch"], e["restart_count"]) for e in phase_begins(result, "restart")} == {(1, 0)}
 
 
+@pytest.mark.slow
 def test_a_broken_strategy_is_silent_under_torchrun_too(tmp_path):
     case = case_from(strategy=f"{STRATEGIES}:ForgetsOptimizer",
                      fault={"kind": "kill", "rank": 1, "step": 6, "phase": "train"})
@@ -74,6 +78,7 @@ def test_a_broken_strategy_is_silent_under_torchrun_too(tmp_path):
     assert any("optimizer" in line for line in result.verdict.state_diff)
 
 
+@pytest.mark.slow
 def test_a_restore_that_never_finishes_is_a_hang_with_every_rank_placed(tmp_path):
     case = case_from(strategy=f"{STRATEGIES}:StallsOnLoad", timeouts={"collective": 600, "phase": 20})
     result = run_and_check_cleanup(tmp_path, case, startup_s=40)
@@ -83,6 +88,7 @@ def test_a_restore_that_never_finishes_is_a_hang_with_every_rank_placed(tmp_path
     assert "rank 0: waiting in" in findings and "rank 1: at " in findings and "in load" in findings
 
 
+@pytest.mark.slow
 def test_the_cli_runs_a_scenario_under_torchrun_and_refuses_incompatible_cases(tmp_path, capsys):
     scenarios = Path(__file__).resolve().parent.parent / "scenarios"
     assert cli_main(["torchrun", str(scenarios / "kill_mid_write_other_rank.scenario.yaml"),
@@ -154,6 +160,7 @@ def test_the_local_rank_comes_from_torchrun_or_else_is_the_rank():
         device.local_rank({"LOCAL_RANK": "x"}, rank=0)
 
 
+@pytest.mark.slow
 def test_on_this_machine_the_ranks_ran_on_what_cuda_offers(tmp_path):
     """The placement each rank reports is the one the device rules give for this machine."""
     import torch
