@@ -35,10 +35,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+# the checkout's package, not an installed one: imported once the path is set (E402)
 from resilience.launch.backend import BACKENDS  # noqa: E402
 from resilience.run.harness import Harness  # noqa: E402
-from resilience.scenario.loader import load_document, load_file  # noqa: E402
 from resilience.run.reference_cache import ReferenceCache  # noqa: E402
+from resilience.scenario.loader import load_document, load_file  # noqa: E402
 
 NO_FAULT = ROOT / "scenarios" / "no_fault.scenario.yaml"
 DEEPSPEED = ROOT / "scenarios" / "deepspeed_no_fault.scenario.yaml"
@@ -71,7 +72,7 @@ def bench_case_vs_torchrun(harness: Harness, repeats: int, scenario: Path = NO_F
         env["TMPDIR"] = scratch  # torchrun keeps a torchelastic_* directory per launch
         for _ in range(repeats):
             result = []
-            case_s = timed(lambda: result.append(harness.run(case)))
+            case_s = timed(lambda result=result: result.append(harness.run(case)))
             cold_s = timed(lambda: subprocess.run(torchrun, env=env, check=True, capture_output=True))
             ratios.append(case_s / cold_s)
             results.append(result[0])

@@ -20,11 +20,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+# the checkout's package, not an installed one: imported once the path is set (E402)
 from resilience.launch.backend import BACKENDS  # noqa: E402
 from resilience.measure.fsprobe import measure_write_bandwidth  # noqa: E402
+from resilience.measure.throughput import measure  # noqa: E402
 from resilience.run.harness import Harness  # noqa: E402
 from resilience.scenario.loader import parse_size  # noqa: E402
-from resilience.measure.throughput import measure  # noqa: E402
 
 
 def main() -> int:

@@ -8,13 +8,13 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
-from resilience.core import registry  # noqa: E402
-from resilience.scenario.loader import load_file  # noqa: E402
-from resilience.strategies.base import StrategyContext  # noqa: E402
-from resilience.workloads.mlp import MLPWorkload  # noqa: E402
+from resilience.core import registry
+from resilience.scenario.loader import load_file
+from resilience.strategies.base import StrategyContext
+from resilience.workloads.mlp import MLPWorkload
 
 
 def main() -> None:

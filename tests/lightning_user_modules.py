@@ -34,7 +34,8 @@ class TinyRegression(pl.LightningModule):
         from torchdata.stateful_dataloader import StatefulDataLoader
 
         dataset = torch.utils.data.TensorDataset(self.inputs, self.targets)
-        return StatefulDataLoader(dataset, batch_size=8, drop_last=True, sampler=torch.utils.data.RandomSampler(dataset))
+        return StatefulDataLoader(dataset, batch_size=8, drop_last=True,
+                                  sampler=torch.utils.data.RandomSampler(dataset))
 
 
 class ForgetsItsScale(TinyRegression):

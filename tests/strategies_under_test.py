@@ -10,8 +10,12 @@ import time
 import torch
 import torch.distributed as dist
 
-from resilience.planted.durable import AtomicFallbackSave, DurableShardsThenPointer  # noqa: F401 -- re-exported
-from resilience.planted.durable import fsync_directory, write_durably
+from resilience.planted.durable import (  # noqa: F401 -- the two correct twins re-exported for the tests' targets
+    AtomicFallbackSave,
+    DurableShardsThenPointer,
+    fsync_directory,
+    write_durably,
+)
 from resilience.planted.state_bugs import (  # noqa: F401 -- re-exported for the tests' targets
     ForgetsOptimizer,
     LoadsByLocalRank,

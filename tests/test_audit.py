@@ -7,7 +7,7 @@ import yaml
 
 from resilience.commands.cli import main
 from resilience.fuzz.audit import Draw, simpler
-from resilience.planted.audit_command import FAILS_CONTROL, Auditor
+from resilience.planted.auditor import FAILS_CONTROL, Auditor
 from resilience.planted.catalogue import CATCHERS
 from resilience.run.harness import Harness
 from resilience.scenario.loader import load_document
@@ -59,8 +59,10 @@ def test_a_draw_the_correct_twin_fails_too_is_not_counted(tmp_path):
 
 def test_planted_bugs_go_through_the_audit_and_the_correct_base_passes(tmp_path):
     harness = Harness(work_root=tmp_path)
-    bugs = {LAYOUT + name: LAYOUT + "OtherLayout" for name in ("KeepsThreeDropsOldest", "TrustsCurrent", "UnpicklesShards")}
-    bugs.update({"resilience.planted.state_bugs:" + name: "torch.per_rank" for name in ("ForgetsOptimizer", "LoadsOldest")})
+    bugs = {LAYOUT + name: LAYOUT + "OtherLayout"
+            for name in ("KeepsThreeDropsOldest", "TrustsCurrent", "UnpicklesShards")}
+    bugs.update({"resilience.planted.state_bugs:" + name: "torch.per_rank"
+                 for name in ("ForgetsOptimizer", "LoadsOldest")})
     caught = []
     for bug, control in bugs.items():
         found, _ = Auditor(harness, bug, control=control, report=print).audit("ci", runs=3, shrink_runs=0)

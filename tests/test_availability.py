@@ -40,8 +40,8 @@ def test_a_refusal_beside_an_intact_step_fails_only_where_fallback_is_required(t
 
 
 def test_no_older_checkpoint_means_nothing_to_fall_back_to(tmp_path):
-    result = run_case(tmp_path, fault={**REFUSED, "step": 4}, expect={"outcome": "fails_loudly", "fallback": "required"},
-                      timeouts={"phase": 60})
+    result = run_case(tmp_path, fault={**REFUSED, "step": 4},
+                      expect={"outcome": "fails_loudly", "fallback": "required"}, timeouts={"phase": 60})
     assert result.verdict.kind is VerdictKind.LOUD and result.verdict.intact_step is None
     assert not [p for p in result.phases if p.name == "fallback"]  # no complete checkpoint to try
     assert judge_case(result).status == "passed"

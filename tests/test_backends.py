@@ -10,10 +10,10 @@ from dataclasses import replace
 
 import pytest
 
+from resilience.core.case import VerdictKind
 from resilience.launch.backend import BACKENDS
 from resilience.run.harness import Harness
 from resilience.run.reference_cache import ReferenceCache, reference_key
-from resilience.core.case import VerdictKind
 
 from .harness_helpers import case_from
 
@@ -90,8 +90,8 @@ def test_shipped_smoke_tier_gives_identical_verdicts_under_both_backends(tmp_pat
     for name in ("fork", "spawn"):
         harness = Harness(backend=BACKENDS[name](), work_root=tmp_path / name, cache=cache)
         results = [harness.run(c) for c in cases]
-        by_backend[name] = [(c.source, c.id, r.verdict.kind) for c, r in zip(cases, results)]
-        findings[name] = {c.id + " " + c.source: r.verdict.findings for c, r in zip(cases, results)}
+        by_backend[name] = [(c.source, c.id, r.verdict.kind) for c, r in zip(cases, results, strict=True)]
+        findings[name] = {c.id + " " + c.source: r.verdict.findings for c, r in zip(cases, results, strict=True)}
     kinds = {name: {f"{c_id} {source}": kind for source, c_id, kind in rows} for name, rows in by_backend.items()}
     differing = [f"{key}\n  fork:  {kinds['fork'][key].name} {findings['fork'][key]}"
                  f"\n  spawn: {kinds['spawn'][key].name} {findings['spawn'][key]}"

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from resilience.run.blackbox import BlackBoxJob, fault_spec, qualify_script
-from resilience.oracle.blackbox import RankLog, judge_logs
-from resilience.core.log_contract import ContractLine, parse_line
-from resilience.core.elastic_layout import Incarnation
-from resilience.errors import ScenarioError
 from resilience.core.case import VerdictKind
+from resilience.core.elastic_layout import Incarnation
+from resilience.core.log_contract import ContractLine, parse_line
+from resilience.errors import ScenarioError
+from resilience.oracle.blackbox import RankLog, judge_logs
+from resilience.run.blackbox import BlackBoxJob, fault_spec, qualify_script
 
 from .procs import pids_naming
 

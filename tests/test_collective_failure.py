@@ -44,7 +44,8 @@ def test_process_group_abort_does_nothing_on_gloo(tmp_path):
 
 def test_a_shut_down_transport_fails_both_ranks_collectives(tmp_path):
     result = run_case(tmp_path, fault={"kind": "collective_failure", "how": "transport", "rank": 1, "step": 6,
-                                       "phase": "train"}, expect="fails_loudly", timeouts={"collective": 10, "phase": 60})
+                                       "phase": "train"}, expect="fails_loudly",
+                      timeouts={"collective": 10, "phase": 60})
     fired = next(e for e in result.phase("first_run").fault_events)
     assert fired["sockets"] >= 1  # gloo's pairs, found through /proc
     assert result.verdict.kind is VerdictKind.LOUD and result.verdict.restored_step == 4
@@ -55,7 +56,8 @@ def test_a_shut_down_transport_fails_both_ranks_collectives(tmp_path):
 
 def test_a_raising_all_reduce_is_loud_on_the_rank_it_hits(tmp_path):
     result = run_case(tmp_path, fault={"kind": "collective_failure", "how": "raise", "rank": 0, "step": 6,
-                                       "phase": "train"}, expect="fails_loudly", timeouts={"collective": 30, "phase": 60})
+                                       "phase": "train"}, expect="fails_loudly",
+                      timeouts={"collective": 30, "phase": 60})
     error = result.verdict.first_error
     assert error.rank == 0 and error.type == "InjectedCollectiveFailure" and "all_reduce on rank 0" in error.message
     assert result.verdict.restored_step == 4

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from resilience.core.case import VerdictKind
+from resilience.disk.read_interception import InterceptedReader, ReadInterceptor
 from resilience.errors import ScenarioError
 from resilience.faults.base import CaseEnvironment, Fault
-from resilience.disk.read_interception import InterceptedReader, ReadInterceptor
-from resilience.core.case import VerdictKind
 from resilience.strategies.manifest import ManifestCheckpoint, write_atomically
 
 from .harness_helpers import case_from, run_case

@@ -31,7 +31,8 @@ def test_a_segfault_in_native_code_dumps_every_thread_and_the_torn_file_is_refus
 def test_abort_and_os_exit_end_the_rank_without_a_python_error(tmp_path):
     # torch.rank0: rank 1 writes no file; rank 0 completes step 8's before it fails at the barrier
     aborted = run_case(tmp_path, strategy="torch.rank0", workload={"steps": 12},
-                       fault={"kind": "crash", "how": "abort", "rank": 1, "step": 8, "phase": "save"}, timeouts={"collective": 20, "phase": 60})
+                       fault={"kind": "crash", "how": "abort", "rank": 1, "step": 8, "phase": "save"},
+                       timeouts={"collective": 20, "phase": 60})
     assert aborted.phase("first_run").ranks[1].returncode == -6  # SIGABRT
     assert aborted.phase("first_run").status == "fault_killed"  # the peer's error is a consequence
     assert aborted.verdict.kind is VerdictKind.RECOVERED and aborted.verdict.restored_step == 8

@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from resilience.core.case import FaultSpec, Trigger, VerdictKind
 from resilience.disk.crash_states import CrashModel, CrashPoint, Loss
 from resilience.disk.enumeration import Bounds, count_points, distinct_states, points
+from resilience.disk.interception import Interceptor
+from resilience.disk.io_trace import TraceWriter, read_trace
 from resilience.disk.state_tree import materialise, read_tree, state_hash
 from resilience.errors import ScenarioError
 from resilience.faults.base import Clock, RankEnvironment
 from resilience.faults.write_path.power_loss import PowerLoss, trace_dir
 from resilience.run.harness import Harness
-from resilience.disk.interception import Interceptor
-from resilience.disk.io_trace import TraceWriter, read_trace
-from resilience.core.case import FaultSpec, Trigger, VerdictKind
 from tests.harness_helpers import case_from
 from tests.procs import child_pids
 

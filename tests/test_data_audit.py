@@ -31,7 +31,8 @@ def reference_steps(last: int = 12) -> dict[int, list[int]]:
 def test_a_restore_that_resumes_the_data_order_finds_nothing():
     reference = reference_steps()
     restart = {s: v for s, v in reference.items() if s > 6}
-    assert data_audit.audit(phase("reference", reference), phase("first_run", reference), phase("restart", restart), 6) == []
+    assert data_audit.audit(phase("reference", reference), phase("first_run", reference),
+                            phase("restart", restart), 6) == []
 
 
 def test_a_restore_that_replays_its_epoch_names_the_samples_trained_twice_and_never():

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
+from resilience.core.case import VerdictKind
 from resilience.errors import ScenarioError
 from resilience.faults.base import CaseEnvironment
 from resilience.faults.process.kill import Kill
-from resilience.core.case import VerdictKind
 from resilience.strategies.torch.dcp import METADATA, DcpCheckpoint, committed_steps, step_dir
 
 from .harness_helpers import case_from, run_case

@@ -6,17 +6,18 @@ import importlib.util
 
 import pytest
 
+from resilience.core.case import VerdictKind
 from resilience.errors import ScenarioError, StrategyUnavailable
 from resilience.faults.base import CaseEnvironment, Fault
 from resilience.run.harness import Harness
-from resilience.core.case import VerdictKind
 from resilience.strategies.base import CheckpointStrategy
 from resilience.strategies.deepspeed.zero import Zero2
 
 from .harness_helpers import case_from, run_case
 
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
-                                     reason="deepspeed is not installed: DS_BUILD_OPS=0 pip install 'resilience[deepspeed]'")
+                                     reason="deepspeed is not installed: "
+                                            "DS_BUILD_OPS=0 pip install 'resilience[deepspeed]'")
 WORKLOAD = {"model": "mlp", "world_size": 2, "steps": 12, "checkpoint_every": 4, "seed": 0, "global_batch": 12}
 
 

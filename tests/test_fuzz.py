@@ -6,12 +6,12 @@ import yaml
 from hypothesis import settings
 
 from resilience.commands.cli import main
+from resilience.core.case import VerdictKind
+from resilience.core.topology import Topology
 from resilience.fuzz.models import model_for, verdict
 from resilience.fuzz.search import process_property, run_fast, scenario_document
 from resilience.run.harness import Harness
 from resilience.scenario.loader import load_document
-from resilience.core.case import VerdictKind
-from resilience.core.topology import Topology
 
 LOCAL_RANK_BUG = "tests.strategies_under_test:LoadsByLocalRank"
 
@@ -57,7 +57,8 @@ def test_process_tier_runs_megatron_in_real_ranks_and_matches_the_model(tmp_path
     verdicts = []
 
     def run(document):
-        kind = Harness(work_root=tmp_path).run(load_document(document, "tests/fuzz.scenario.yaml").cases[0]).verdict.kind
+        case = load_document(document, "tests/fuzz.scenario.yaml").cases[0]
+        kind = Harness(work_root=tmp_path).run(case).verdict.kind
         verdicts.append(kind)
         return kind
 

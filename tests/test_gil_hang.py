@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
+from itertools import pairwise
 
 import pytest
 
@@ -30,7 +31,7 @@ def test_the_holder_really_keeps_the_gil_from_other_threads():
     time.sleep(0.05)
     stop.set()
     counter.join(timeout=30)
-    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    gaps = [b - a for a, b in pairwise(ticks)]
     assert max(gaps) > 1.5, max(gaps)  # no tick while the holder slept in C
 
 

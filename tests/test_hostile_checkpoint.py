@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from resilience.faults.base import CaseEnvironment
-from resilience.faults.at_rest.hostile import CANARY_DIR, PICKLE, TORCH_ZIP, plant
 from resilience.core.case import VerdictKind
+from resilience.faults.at_rest.hostile import CANARY_DIR, PICKLE, TORCH_ZIP, plant
+from resilience.faults.base import CaseEnvironment
 
 from .harness_helpers import case_from, run_case
 
@@ -36,7 +36,8 @@ def test_full_unpickling_runs_the_payload_and_still_gets_the_original_state(tmp_
 
 def test_weights_only_refuses_the_file_without_running_anything(tmp_path):
     path, canary = planted_torch_file(tmp_path)
-    with pytest.raises(pickle.UnpicklingError, match="(?s)Weights only load failed.*Unsupported global: GLOBAL _operator.getitem"):
+    refused = "(?s)Weights only load failed.*Unsupported global: GLOBAL _operator.getitem"
+    with pytest.raises(pickle.UnpicklingError, match=refused):
         torch.load(path, weights_only=True)
     assert not canary.exists()
 

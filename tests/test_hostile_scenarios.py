@@ -18,12 +18,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resilience.scenario import loader
 from resilience.core import registry
+from resilience.core.case import Scenario
 from resilience.core.confined import relative_glob_problem, resolve_under
 from resilience.errors import PathEscape, ScenarioError
+from resilience.scenario import loader
 from resilience.scenario.loader import load_file, load_text
-from resilience.core.case import Scenario
 
 from .harness_helpers import run_case
 

@@ -105,7 +105,7 @@ class Run:
                    PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), **{MARKER: self.token})
         env.pop("CI", None)  # the inner run's verdicts do not matter here
         env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # set by conftest for this process: the inner run places its own
-        self.log = open(root / "pytest.log", "wb")  # noqa: SIM115 (closed in stop)
+        self.log = open(root / "pytest.log", "wb")  # closed in stop
         self.pytest = subprocess.Popen(
             [sys.executable, "-c", AS_FROM_A_TERMINAL, "-m", "pytest", str(scenario_file), "-p", "no:cacheprovider",
              "-q", f"--basetemp={root / 'basetemp'}", *extra],

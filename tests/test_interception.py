@@ -24,11 +24,11 @@ import pytest
 import torch
 import torch.serialization
 
-from resilience.faults.base import Clock, RankEnvironment
-from resilience.faults.write_path.disk_full import DiskFull
-from resilience.faults.process.kill import Kill
-from resilience.disk.interception import InterceptedFile, Interceptor
 from resilience.core.case import FaultSpec, Trigger
+from resilience.disk.interception import InterceptedFile, Interceptor
+from resilience.faults.base import Clock, RankEnvironment
+from resilience.faults.process.kill import Kill
+from resilience.faults.write_path.disk_full import DiskFull
 
 FORK = multiprocessing.get_context("fork")
 MARKER = "returned.txt"  # the child writes it after the save returns: proof the save was not cut short

@@ -224,8 +224,9 @@ def declared_capabilities() -> set[str]:
     in the contract modules and the modules they re-export from."""
     declared: set[str] = set()
     contract_modules = {KNOWN[name] for name in CONTRACTS}
-    contract_modules |= {KNOWN[i.target] for i in IMPORTS if i.module in CONTRACTS
-                         and i.target.startswith(("resilience.faults", "resilience.strategies", "resilience.workloads"))}
+    plugin_packages = ("resilience.faults", "resilience.strategies", "resilience.workloads")
+    contract_modules |= {KNOWN[i.target] for i in IMPORTS
+                         if i.module in CONTRACTS and i.target.startswith(plugin_packages)}
     for path in contract_modules:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if not isinstance(node, ast.ClassDef):

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from resilience.commands import cli
-from resilience.core import registry
 from resilience.commands.catalog import entries, first_sentence
+from resilience.core import registry
 
 
 def listing(capsys, what: str) -> str:

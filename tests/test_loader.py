@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from resilience.core import registry
-from resilience.errors import ScenarioError
-from resilience.scenario.loader import (DEFAULT_TIMEOUTS, load_document, load_file, load_text, parse_case,
-                                        parse_size)
-from resilience.scenario.discovery import is_scenario_file
 from resilience.core.case import Case, Outcome, Scenario, VerdictKind
+from resilience.errors import ScenarioError
+from resilience.scenario.discovery import is_scenario_file
+from resilience.scenario.loader import DEFAULT_TIMEOUTS, load_document, load_file, load_text, parse_case, parse_size
 from resilience.strategies.base import CheckpointStrategy
 
 SOURCE = "some/path.scenario.yaml"
@@ -521,7 +521,8 @@ def test_shipped_cartesian_matrix_ids():
         "strategy=torch.per_rank,fault.point=write", "strategy=torch.per_rank,fault.point=close"]
     assert [(c.strategy.name, c.fault.trigger.point) for c in scenario.cases] == [
         ("torch.rank0", "write"), ("torch.rank0", "close"), ("torch.per_rank", "write"), ("torch.per_rank", "close")]
-    assert all(c.fault.params == {"via": "quota", "on": "checkpoint"} and c.fault.trigger.after_bytes == 8192 for c in scenario.cases)
+    assert all(c.fault.params == {"via": "quota", "on": "checkpoint"} and c.fault.trigger.after_bytes == 8192
+               for c in scenario.cases)
     assert all(c.tier == "smoke" for c in scenario.cases)
 
 

@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from resilience.core.case import VerdictKind
 from resilience.errors import HarnessError
+from resilience.faults.base import CaseEnvironment, FaultUnavailable
 from resilience.faults.network import netns
 from resilience.faults.network import partition as network
-from resilience.faults.base import CaseEnvironment, FaultUnavailable
-from resilience.faults.network.partition import NetworkError, Partition, Throttle, Topology
+from resilience.faults.network.netns import NamespaceWiring
+from resilience.faults.network.partition import NetworkError, Partition, Throttle
 from resilience.run.harness import Harness
 from resilience.run.reference_cache import ReferenceCache
-from resilience.core.case import VerdictKind
 
 from .harness_helpers import case_from
 from .test_loader import scenario_error, variant
@@ -44,8 +45,8 @@ def cache(tmp_path_factory):
 
 
 def run(tmp_path, cache, fault, steps=12, world_size=2, **overrides):
-    case = case_from(fault=fault, workload={"steps": steps, "world_size": world_size}, timeouts={"collective": TIMEOUT_S, "phase": 120},
-                     **overrides)
+    case = case_from(fault=fault, workload={"steps": steps, "world_size": world_size},
+                     timeouts={"collective": TIMEOUT_S, "phase": 120}, **overrides)
     try:
         result = Harness(work_root=tmp_path, keep=True, cache=cache).run(case)
     except FaultUnavailable as exc:
@@ -142,9 +143,9 @@ def test_teardown_removes_what_a_failed_setup_created(tmp_path, monkeypatch):
     env = environment(tmp_path)
     with pytest.raises(FaultUnavailable, match="probe failed on purpose"):
         fault.setup(env)
-    assert len(fault.topology.existing()) == 3  # switch + 2 ranks, still there: the harness's teardown follows
+    assert len(fault.wiring.existing()) == 3  # switch + 2 ranks, still there: the harness's teardown follows
     fault.teardown(env)
-    assert fault.topology.existing() == []
+    assert fault.wiring.existing() == []
 
 
 @needs_network
@@ -157,24 +158,24 @@ def test_teardown_after_the_impairment_stayed_applied(tmp_path):
         env = environment(tmp_path)
         try:
             fault.setup(env)
-            fault.apply(fault.topology.ranks[1])
+            fault.apply(fault.wiring.ranks[1])
             fault.applied_at = 1.0
             if heal:
                 fault.heal(env)
                 assert fault.lifted_at is not None
         finally:
             fault.teardown(env)
-        assert fault.topology.existing() == []
+        assert fault.wiring.existing() == []
 
 
 @needs_network
 def test_namespaces_of_a_dead_harness_are_removed_and_a_live_ones_kept(tmp_path):
     dead = subprocess.Popen(["true"])
     dead.wait()
-    stale, live = Topology(1, prefix=f"resilience-{dead.pid}-abcdef"), Topology(1)
+    stale, live = NamespaceWiring(1, prefix=f"resilience-{dead.pid}-abcdef"), NamespaceWiring(1)
     try:
-        for topology in (stale, live):
-            topology.create()
+        for wiring in (stale, live):
+            wiring.create()
         removed = netns.remove_stale_namespaces()
         assert set(stale.names()) <= set(removed)
         assert stale.existing() == [] and sorted(live.existing()) == sorted(live.names())
@@ -184,7 +185,7 @@ def test_namespaces_of_a_dead_harness_are_removed_and_a_live_ones_kept(tmp_path)
 
 
 def test_names_are_unique_per_case_and_interface_names_fit_ifnamsiz():
-    first, second = Topology(64), Topology(64)
+    first, second = NamespaceWiring(64), NamespaceWiring(64)
     assert not set(first.names()) & set(second.names())
     assert first.prefix.startswith(f"resilience-{os.getpid()}-")
     assert all(netns.NAME.match(name) for name in first.names())

@@ -246,7 +246,7 @@ def test_ranks_agree_on_their_incarnation_whatever_their_agents_restart_counts_s
     seen = []
     for size in (4, 4, 2):
         with ThreadPoolExecutor(size) as pool:
-            seen.append(set(pool.map(lambda _: claim_incarnation(tmp_path, 0, size), range(size))))
+            seen.append(set(pool.map(lambda _, size=size: claim_incarnation(tmp_path, 0, size), range(size))))
     assert seen == [{Incarnation(0, 0)}, {Incarnation(0, 1)}, {Incarnation(0, 2)}]
     assert claim_incarnation(tmp_path, 1, 4) == Incarnation(1, 0)  # each launch counts afresh
     assert sorted(p.name for p in (tmp_path / "launch0.rounds").iterdir()) == ["0", "1", "2"]

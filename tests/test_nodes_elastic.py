@@ -82,7 +82,7 @@ def test_a_spare_grows_the_shrunk_job_back_and_the_grown_restore_is_judged(tmp_p
 def test_the_grown_plan_is_written_only_for_an_elastic_job(tmp_path):
     """Without --nnodes MIN:MAX no group of the first run's size can follow a smaller one."""
     from resilience.core.elastic_layout import Incarnation, TorchrunLayout, claim_incarnation
-    from resilience.core.plan import PhasePlan, RESTART
+    from resilience.core.plan import RESTART, PhasePlan
 
     layout = TorchrunLayout(tmp_path)
     (tmp_path / "plans").mkdir()
@@ -144,7 +144,8 @@ def test_a_node_cut_off_or_frozen_in_the_multi_node_job_gives_every_driver_the_s
               f"{record['lifted_at'] - fired[0]['time']:.1f} s, restart began {began - fired[0]['time']:.1f} s")
     else:  # the save of step 8 returned on every rank once node 1 was resumed, about 3 s late
         first_run = phase_events(job.case_dir, "launch0.restart0", "first_run")
-        returned = [e["time"] for r in first_run.values() for e in r if e["event"] == "save_returned" and e["step"] == 8]
+        returned = [e["time"] for r in first_run.values() for e in r
+                    if e["event"] == "save_returned" and e["step"] == 8]
         assert len(returned) == 4 and min(returned) - fired[0]["time"] >= 3.0
 
 
@@ -163,7 +164,8 @@ def test_under_torchrun_a_stall_or_partition_needs_scope_node_and_several_nodes(
     several = TorchrunOptions(nnodes=2, rdzv_endpoint="10.213.0.1:29400")
     for kind, extra in (("stall", {}), ("partition", {})):
         node = case_from(workload={"world_size": 4}, topology={"nodes": 2},
-                         fault={"kind": kind, "rank": 2, "step": 6, "phase": "train", "seconds": 3, "scope": "node", **extra})
+                         fault={"kind": kind, "rank": 2, "step": 6, "phase": "train", "seconds": 3, "scope": "node",
+                                **extra})
         assert incompatibility(node, several) is None
         assert "needs several nodes" in incompatibility(node, TorchrunOptions())
         rank = case_from(workload={"world_size": 4}, fault={"kind": kind, "rank": 2, "step": 6, "phase": "train",

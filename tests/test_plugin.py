@@ -9,8 +9,8 @@ import pytest
 
 # In-process pytester runs drop modules first imported inside them; torch cannot be imported twice
 # in one process, so everything that imports it is imported here, before any inner run.
-import resilience.strategies.torch.native  # noqa: F401
-import resilience.workloads.mlp  # noqa: F401
+import resilience.strategies.torch.native
+import resilience.workloads.mlp  # noqa: F401 -- imported for the reason above, not used
 
 pytest_plugins = ["pytester"]
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from resilience.run.harness import Harness
-from resilience.core.preemption import wanted_by
-from resilience.run.reference_cache import ReferenceCache
 from resilience.core.case import VerdictKind
+from resilience.core.preemption import wanted_by
+from resilience.run.harness import Harness
+from resilience.run.reference_cache import ReferenceCache
 
 from .harness_helpers import case_from
 from .test_loader import scenario_error, variant

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from resilience.commands import cli
-from resilience.measure.environment import mount_of, parse_mountinfo
-from resilience.errors import ResilienceError
-from resilience.scenario.loader import load_document
 from resilience.commands.qualify import matches
+from resilience.errors import ResilienceError
+from resilience.measure.environment import mount_of, parse_mountinfo
+from resilience.scenario.loader import load_document
 
 from .headless_chromium import Browser, find_chromium
 
@@ -132,9 +132,12 @@ def test_html_renders_in_headless_chromium(qualified):
         browser.open((out / "report.html").as_uri())
         assert browser.errors() == []
         assert browser.evaluate("document.getElementById('overall').textContent") == "FAILED"
-        header = browser.evaluate("Array.from(document.querySelectorAll('#verdict-matrix th')).map(e => e.textContent)")
-        assert {"none", "kill", "crash", "torch.per_rank", "tests.strategies_under_test:ForgetsOptimizer"} <= set(header)
-        cells = browser.evaluate("Array.from(document.querySelectorAll('#verdict-matrix td a')).map(a => a.textContent)")
+        header = browser.evaluate("Array.from(document.querySelectorAll('#verdict-matrix th'))"
+                                  ".map(e => e.textContent)")
+        assert {"none", "kill", "crash", "torch.per_rank",
+                "tests.strategies_under_test:ForgetsOptimizer"} <= set(header)
+        cells = browser.evaluate("Array.from(document.querySelectorAll('#verdict-matrix td a'))"
+                                 ".map(a => a.textContent)")
         assert sorted(cells) == ["LOUD ⚠", "RECOVERED", "SILENT ✗"]
         mark = browser.evaluate("document.querySelector('#verdict-matrix .intact').getAttribute('title')")
         assert mark == "refused; step 4 was intact and never tried"
@@ -147,8 +150,8 @@ def test_html_renders_in_headless_chromium(qualified):
         # every loss curve and the throughput bars are laid out with a real size: reference and
         # first run of the no-fault case (restored at its last step), all three of the broken one,
         # reference and first run of the refused one (nothing restored)
-        widths = browser.evaluate("Array.from(document.querySelectorAll('svg.plot polyline.series, #throughput-plot rect'))"
-                                  ".map(e => e.getBBox().width)")
+        widths = browser.evaluate("Array.from(document.querySelectorAll("
+                                  "'svg.plot polyline.series, #throughput-plot rect')).map(e => e.getBBox().width)")
         assert len(widths) == 2 + 3 + 2 + 2 * 2 and all(w > 0 for w in widths), widths
         assert browser.evaluate("document.querySelectorAll('section.case').length") == 3
         assert browser.evaluate("document.querySelectorAll('details.rank-log').length") >= 1

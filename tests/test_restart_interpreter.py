@@ -8,9 +8,9 @@ import sysconfig
 
 import pytest
 
+from resilience.core.case import VerdictKind
 from resilience.errors import HarnessError, ScenarioError
 from resilience.launch.interpreters import layered_packages
-from resilience.core.case import VerdictKind
 
 from .harness_helpers import case_from, run_case
 

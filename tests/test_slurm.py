@@ -13,11 +13,11 @@ import pytest
 
 from resilience.core.case import VerdictKind
 from resilience.core.events import read_events
+from resilience.errors import SlurmError
 from resilience.faults.network import netns
+from resilience.launch.slurm_cluster import LocalCluster, slurm_missing
 from resilience.run.harness import Harness
 from resilience.scenario.loader import load_file
-from resilience.errors import SlurmError
-from resilience.launch.slurm_cluster import LocalCluster, slurm_missing
 from tests.procs import pids_naming
 
 REPO = Path(__file__).resolve().parent.parent

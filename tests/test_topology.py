@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from resilience.errors import ScenarioError
 from resilience.core.case import VerdictKind
 from resilience.core.topology import RankCoords, Topology
+from resilience.errors import ScenarioError
 
 from .harness_helpers import case_from, run_case
 

@@ -7,12 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from resilience.core import device
 from resilience.commands.cli import main as cli_main
-from resilience.errors import HarnessError
+from resilience.core import device
 from resilience.core.case import VerdictKind
-from resilience.run.torchrun import (TorchrunIncompatible, TorchrunOptions, incompatibility,
-                                     run_case_under_torchrun, torchrun_command)
+from resilience.errors import HarnessError
+from resilience.run.torchrun import (
+    TorchrunIncompatible,
+    TorchrunOptions,
+    incompatibility,
+    run_case_under_torchrun,
+    torchrun_command,
+)
 
 from .harness_helpers import case_from
 from .procs import pids_naming

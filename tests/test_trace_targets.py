@@ -10,7 +10,7 @@ from resilience.disk.io_trace import TraceOp
 from resilience.disk.trace_targets import files_written, stale_text
 from resilience.errors import ScenarioError
 from resilience.planted.catalogue import catcher
-from resilience.planted.command import ACCEPTED, CAUGHT, run_trial
+from resilience.planted.trials import ACCEPTED, CAUGHT, run_trial
 from resilience.run.harness import Harness
 
 from .harness_helpers import case_from

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from resilience.oracle.outcome import judge_case
 from resilience.core.case import VerdictKind
+from resilience.oracle.outcome import judge_case
 
 from .harness_helpers import run_case
 

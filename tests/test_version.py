@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from resilience.core.case import VerdictKind
 from resilience.errors import ScenarioError
 from resilience.faults.base import CaseEnvironment, Fault
-from resilience.core.case import VerdictKind
 from resilience.strategies.torch.native import CLAIMS, restamp
 
 from .harness_helpers import case_from, run_case

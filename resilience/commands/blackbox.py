@@ -7,9 +7,9 @@ import argparse
 import json
 from pathlib import Path
 
-from ..run.blackbox import BlackBoxJob, describe, qualify_script
-from ..errors import ResilienceError
 from ..core.case import EXPECTED_VERDICT, Outcome
+from ..errors import ResilienceError
+from ..run.blackbox import BlackBoxJob, describe, qualify_script
 
 
 def add_blackbox_command(sub) -> None:

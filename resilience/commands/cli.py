@@ -1,8 +1,9 @@
 """`python -m resilience run PATH... [--case ID]`: run scenario files outside pytest and print verdicts.
 `qualify` writes a qualification report, `verify` checks an existing checkpoint, `list` shows the
 plug-ins, `torchrun` and `blackbox` run under torchrun, `explore` runs crash-state exploration,
-`fuzz` searches save/restart topologies, `repeat` reruns cases to find flaky verdicts, `planted` measures caught / planted over deliberately broken
-strategies."""
+`fuzz` searches save/restart topologies, `repeat` reruns cases to find flaky verdicts, `planted`
+measures caught / planted over deliberately broken strategies, `audit` searches drawn scenarios for
+one a strategy fails."""
 from __future__ import annotations
 
 import argparse
@@ -11,11 +12,11 @@ from pathlib import Path
 
 from ..core import registry
 from ..launch.backend import BACKENDS, DEFAULT_BACKEND
-from .blackbox import add_blackbox_command, blackbox_main
 from ..run.explore import PROFILES
 from ..run.harness import Harness
-from .case_loop import load_or_report, run_and_report
 from ..run.reference_cache import ReferenceCache, default_cache_dir
+from .blackbox import add_blackbox_command, blackbox_main
+from .case_loop import load_or_report, run_and_report
 from .torchrun import add_torchrun_command, torchrun_main
 
 
@@ -41,18 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="resilience", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run_arguments(sub.add_parser("run", help="run scenario files (or directories of them)"))
-    fuzz = sub.add_parser("fuzz", help="search save/restart topologies for a SILENT or HANG restore")
-    fuzz.add_argument("--strategy", required=True, help="built-in name or package.module:Class")
-    fuzz.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                      help="a strategy option (VALUE read as YAML), repeatable")
-    fuzz.add_argument("--examples", type=int, default=None, help="Hypothesis examples (default: the profile's)")
-    fuzz.add_argument("--profile", choices=("ci", "long"), default="ci")
-    fuzz.add_argument("--storage", choices=("shared", "node_local", "any"), default="any")
-    fuzz.add_argument("--tier", choices=("fast", "processes"), default="fast",
-                      help="fast: the strategy's restore model, thousands of rank maps a second; "
-                           "processes: real ranks through the harness")
-    fuzz.add_argument("--out", type=Path, default=Path("fuzz-counterexamples"),
-                      help="where a counterexample is written as a scenario file")
+    from . import fuzz
+    fuzz.add_arguments(sub.add_parser("fuzz", help="search save/restart topologies for a SILENT or HANG restore",
+                                      description=fuzz.__doc__))
     add_torchrun_command(sub)
     add_blackbox_command(sub)
     explore = sub.add_parser("explore", help="run only the power_loss cases of scenario files (crash-state "
@@ -62,23 +54,24 @@ def main(argv: list[str] | None = None) -> int:
                          help="how much to explore (default: the scenario's fault.profile)")
     explore.add_argument("--max-restores", type=int, default=None,
                          help="distinct crash states restored by real ranks, at most")
-    from . import catalog, qualify, verify as verify_cli
+    from . import catalog, qualify
+    from . import verify as verify_cli
     qualify.add_arguments(sub.add_parser("qualify", help="run a scenario set and write a qualification report",
                                          description=qualify.__doc__))
     listing = sub.add_parser("list", help="the available strategies, faults or workloads, with their options")
     listing.add_argument("what", choices=sorted(catalog.KINDS))
     verify_cli.add_arguments(sub.add_parser("verify", help="load an existing checkpoint in real ranks and check it",
                                             description=verify_cli.__doc__))
-    from ..planted import command as planted
+    from . import planted
     planted_parser = sub.add_parser("planted", help="run the planted-bug catalogue (or bugs of your own) and print "
                                                     "caught / planted", description=planted.__doc__)
     _add_harness_arguments(planted_parser)
     planted.add_arguments(planted_parser)
-    from ..planted import audit_command
+    from . import audit
     audit_parser = sub.add_parser("audit", help="draw whole scenarios with Hypothesis, run them in real ranks and "
-                                                "shrink the first the strategy fails", description=audit_command.__doc__)
+                                                "shrink the first the strategy fails", description=audit.__doc__)
     _add_harness_arguments(audit_parser)
-    audit_command.add_arguments(audit_parser)
+    audit.add_arguments(audit_parser)
     from . import repeat
     repeat_parser = sub.add_parser("repeat", help="run every case K times over and report any whose verdict "
                                                   "changed", description=repeat.__doc__)
@@ -98,9 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "blackbox":
         return blackbox_main(args)
     if args.command == "fuzz":
-        from ..fuzz.command import fuzz_command
-
-        return fuzz_command(args)
+        return fuzz.main(args)
 
     cache = None if args.no_cache else ReferenceCache(args.cache or default_cache_dir())
     harness = Harness(backend=BACKENDS[args.backend](), work_root=args.workdir, keep=args.keep, cache=cache,
@@ -109,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "planted":
         return planted.main(args, harness)
     if args.command == "audit":
-        return audit_command.main(args, harness)
+        return audit.main(args, harness)
     only = (lambda case: case.id == args.case) if args.case else (lambda case: True)
     if args.command == "repeat":
         cases, broken = load_or_report(args.paths, only)

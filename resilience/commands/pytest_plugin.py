@@ -6,18 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from ..launch.backend import BACKENDS, DEFAULT_BACKEND
+from ..core.case import Case
+from ..core.records import CaseResult
 from ..errors import CaseFailed, HarnessError, ScenarioError, Unavailable
 from ..faults.base import FaultUnavailable
-from ..core.records import CaseResult
+from ..launch.backend import BACKENDS, DEFAULT_BACKEND
+from ..oracle.outcome import judge_case
+from ..report.text import render
 from ..run.harness import Harness
+from ..run.reference_cache import ReferenceCache, default_cache_dir
 from ..scenario.discovery import is_scenario_file
 from ..scenario.loader import load_file
 from .case_loop import skips_fail
-from ..oracle.outcome import judge_case
-from ..run.reference_cache import ReferenceCache, default_cache_dir
-from ..report.text import render
-from ..core.case import Case
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

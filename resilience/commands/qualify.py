@@ -23,23 +23,23 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..core import janitor, registry
-from ..report import junit, html as qualify_html
-from ..run import launchers
+from ..core.case import Case
+from ..errors import ResilienceError, Unavailable
 from ..launch.backend import BACKENDS, DEFAULT_BACKEND
 from ..measure.environment import describe
-from ..errors import ResilienceError, Unavailable
 from ..measure.fsprobe import DEFAULT_SIZE, measure_write_bandwidth
+from ..measure.throughput import StrategyThroughput, measure
+from ..oracle.outcome import judge_case
+from ..report import html as qualify_html
+from ..report import junit
+from ..report.lost_work import per_strategy
+from ..report.qualification import CaseRecord, Qualification
+from ..run import launchers
 from ..run.harness import Harness
+from ..run.reference_cache import ReferenceCache, default_cache_dir
 from ..scenario.discovery import load_cases
 from ..scenario.loader import parse_size
 from .case_loop import skips_fail
-from ..oracle.outcome import judge_case
-from ..measure.throughput import StrategyThroughput
-from ..report.qualification import CaseRecord, Qualification
-from ..run.reference_cache import ReferenceCache, default_cache_dir
-from ..core.case import Case
-from ..measure.throughput import measure
-from ..report.lost_work import per_strategy
 
 STAGGER_SHOWN = 1  # the per-rank scheme is also measured writing one rank at a time
 
@@ -84,7 +84,8 @@ def keyword_filter(expression: str | None) -> Callable[[Case], bool]:
         compiled = Expression.compile(expression)
     except Exception as exc:  # pytest's ParseError: a malformed expression
         raise ResilienceError(f"-k {expression!r}: {exc}; allowed: words joined by and, or, not and "
-                              f"parentheses, each matched as a substring of a case's id, file, strategy or fault") from None
+                              "parentheses, each matched as a substring of a case's id, file, strategy or "
+                              "fault") from None
 
     def selected(case: Case) -> bool:
         words = [case.id, case.source, Path(case.source).name, case.name, case.strategy.name, case.fault.kind]

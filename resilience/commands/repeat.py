@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..errors import ResilienceError, Unavailable
-from ..run.harness import Harness
-from ..oracle.outcome import judge_case
 from ..core.case import Case
+from ..errors import ResilienceError, Unavailable
+from ..oracle.outcome import judge_case
+from ..run.harness import Harness
 
 
 @dataclass(frozen=True)

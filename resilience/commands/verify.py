@@ -8,9 +8,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..errors import ResilienceError
 from ..run.checkpoint_verify import case_for, verify_checkpoint
 from ..scenario.strategy_options import parse_options
-from ..errors import ResilienceError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy", required=True, help="the strategy that wrote it (resilience list strategies)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a strategy option (value in YAML: true, 2, universal); repeatable")
-    parser.add_argument("--world-size", type=int, default=None, help="ranks to load with (default: the scenario's, or 2)")
+    parser.add_argument("--world-size", type=int, default=None,
+                        help="ranks to load with (default: the scenario's, or 2)")
     parser.add_argument("--scenario", type=Path, default=None,
                         help="the scenario file of the job that wrote the checkpoint: its workload and options")
     parser.add_argument("--case", default=None, help="with --scenario: which of its cases")

@@ -121,7 +121,7 @@ def free(registry: dict[str, list[str]]) -> None:
     for pgid in groups:
         kill_group(pgid)
     for name in registry["netns"]:  # a node's processes lead sessions of their own (torch elastic's workers)
-        for pid in stop_all(lambda: namespace_pids(name)):
+        for pid in stop_all(lambda name=name: namespace_pids(name)):
             signal_process(pid, signal.SIGKILL)
     _wait_gone(groups)
     for mount in sorted(registry["mount"], key=lambda path: path.count("/"), reverse=True):

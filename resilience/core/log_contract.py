@@ -30,8 +30,9 @@ def parse_line(line: str) -> ContractLine | None:
         return None
     match = _LINE.match(line)
     if match is None:
-        raise ValueError(f"log contract: malformed line; got {line!r}; allowed: 'RESILIENCE step=N loss=<float.hex()>', "
-                         f"'RESILIENCE saved step=N', 'RESILIENCE restored step=N'")
+        raise ValueError(f"log contract: malformed line; got {line!r}; allowed: "
+                         "'RESILIENCE step=N loss=<float.hex()>', 'RESILIENCE saved step=N', "
+                         "'RESILIENCE restored step=N'")
     if match["step"] is not None:
         return ContractLine("step", int(match["step"]), _float(match["loss"], line))
     return ContractLine(match["kind"], int(match["at"]))

@@ -22,7 +22,8 @@ class PhasePlan:
     store_path: str  # FileStore rendezvous: no port, nothing listening
     checkpoint_dir: str
     phase_dir: str  # events and logs of each rank
-    start: str  # "fresh", "strategy" (strategy.load), "step" (strategy.load_step) or "snapshot" (trusted reference snapshot)
+    # "fresh", "strategy" (strategy.load), "step" (strategy.load_step) or "snapshot" (trusted reference snapshot)
+    start: str
     save: bool  # call strategy.save after each checkpoint step
     inject: bool  # arm the case's fault
     record_states: bool  # emit the state fingerprint at step 0 and after every step

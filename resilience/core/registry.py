@@ -20,6 +20,7 @@ STRATEGIES = {
     "manifest": "resilience.strategies.manifest:ManifestCheckpoint",
     "lightning": "resilience.strategies.lightning.strategy:LightningCheckpoint",
     "accelerate": "resilience.strategies.accelerate.strategy:AccelerateCheckpoint",
+    "hf_trainer": "resilience.strategies.transformers.strategy:TrainerCheckpoint",
 }
 FAULTS = {
     "none": "resilience.faults.noop:NoFault",
@@ -51,7 +52,8 @@ FAULTS = {
     "node_loss": "resilience.faults.process.node_loss:NodeLoss",
 }
 #: the stack packages: each declares its libraries in ``STACK`` (`resilience.strategies.stack.Stack`)
-STACKS = tuple(f"resilience.strategies.{name}" for name in ("torch", "deepspeed", "megatron", "lightning", "accelerate"))
+STACKS = tuple(f"resilience.strategies.{name}"
+               for name in ("torch", "deepspeed", "megatron", "lightning", "accelerate", "transformers"))
 WORKLOADS = {
     "mlp": "resilience.workloads.mlp:MLPWorkload",
     "tp_mlp": "resilience.workloads.parallel_mlp:TensorParallelMLP",

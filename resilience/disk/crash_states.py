@@ -164,7 +164,7 @@ class CrashModel:
 
     def returned(self, point: CrashPoint) -> frozenset[int]:
         """The ranks whose ``save`` had returned before the power cut."""
-        return frozenset(rank for rank, (cut, ops) in enumerate(zip(point.cuts, self.ops))
+        return frozenset(rank for rank, (cut, ops) in enumerate(zip(point.cuts, self.ops, strict=False))
                          if cut and ops[cut - 1].kind == "returned")
 
     def sweep(self) -> list[CrashPoint]:
@@ -186,7 +186,7 @@ class CrashModel:
     def describe(self, point: CrashPoint) -> list[str]:
         """The crash in words: where each rank was cut, what was lost."""
         lines = []
-        for rank, (cut, ops) in enumerate(zip(point.cuts, self.ops)):
+        for rank, (cut, ops) in enumerate(zip(point.cuts, self.ops, strict=False)):
             if cut == 0:
                 where = "before its first operation of the save"
             else:

@@ -200,7 +200,8 @@ class Interceptor:
     def _safetensors_replacements(self, real_open: Any) -> list[tuple[Any, str, Any]]:
         """``safetensors.torch.save_file`` writes from Rust, unseen: a file a listener wants is
         serialised with ``safetensors.torch.save`` (the same bytes) and written through an
-        `InterceptedFile`. Accelerate binds ``save_file`` at its import: that name is replaced too."""
+        `InterceptedFile`. Accelerate and Transformers bind ``save_file`` at their import as
+        ``safe_save_file`` (``model.safetensors``): those names are replaced too."""
         try:
             import safetensors.torch as safetensors_torch
         except ImportError:
@@ -218,9 +219,10 @@ class Interceptor:
             return None
 
         replacements = [(safetensors_torch, "save_file", intercepted_save_file)]
-        bound = sys.modules.get("accelerate.utils.other")
-        if bound is not None and getattr(bound, "safe_save_file", None) is real_save_file:
-            replacements.append((bound, "safe_save_file", intercepted_save_file))
+        for binder in ("accelerate.utils.other", "transformers.modeling_utils"):
+            bound = sys.modules.get(binder)
+            if bound is not None and getattr(bound, "safe_save_file", None) is real_save_file:
+                replacements.append((bound, "safe_save_file", intercepted_save_file))
         return replacements
 
     def uninstall(self) -> None:

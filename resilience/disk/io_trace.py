@@ -85,8 +85,8 @@ class TraceWriter:
         ops_path, data_path = trace_paths(directory, rank, source)
         directory.mkdir(parents=True, exist_ok=True)
         # Opened before any hook is installed: the trace itself is never traced.
-        self._ops = open(ops_path, "a", encoding="utf-8")  # noqa: SIM115 (open for the rank's life)
-        self._data = open(data_path, "ab")  # noqa: SIM115
+        self._ops = open(ops_path, "a", encoding="utf-8")  # open for the rank's life
+        self._data = open(data_path, "ab")
         self._data_size = self._data.tell()
         self._seq = 0
         # a forked writer ends with os._exit (multiprocessing's children do): nothing may wait in a buffer

@@ -5,9 +5,10 @@ One drawn `Draw` is a scenario without its strategy: world size 2 to 4, steps an
 interval (many checkpoints, step numbers of one and two digits), and a fault among those the
 catalogue's catchers use (a kill in training or mid-write, disk full, damage at rest of the files
 a rank wrote, a stale pointer, a newer version, a power cut), its rank and step, its target named
-by behaviour (`resilience.disk.trace_targets`). It is judged as a catcher judges (`planted.command.
-run_trial`, which `planted.audit_command` hands in): caught when its verdict is not one a correct strategy may give. A draw whose fault
-never acts on the strategy is rejected, not counted as passed.
+by behaviour (`resilience.disk.trace_targets`). It is judged as a catcher judges
+(`planted.trials.run_trial`, which `planted.auditor` hands in): caught when its verdict is not one
+a correct strategy may give. A draw whose fault never acts on the strategy is rejected, not
+counted as passed.
 
 Budgets are in real runs: ``search`` for Hypothesis's generation (shrinking is off there), then
 ``shrink`` for the greedy shrink below, which tries one-step-simpler draws and keeps the first

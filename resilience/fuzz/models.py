@@ -17,8 +17,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from ..core.case import VerdictKind
-from ..strategies.megatron.layout import TRACKER, checkpoint_path
 from ..core.topology import Topology
+from ..strategies.megatron.layout import TRACKER, checkpoint_path
 
 ROOT = "/checkpoints"
 STEP = 4  # the step of the checkpoint the model saves and restores

@@ -13,8 +13,8 @@ from multiprocessing import popen_forkserver, spawn
 from pathlib import Path
 
 from ..core import janitor
-from ..core.paths import PROJECT_ROOT, rank_temp_dir
 from ..core.case import Case
+from ..core.paths import PROJECT_ROOT, rank_temp_dir
 from ..core.plan import PhasePlan
 from .interpreters import Interpreter, for_restart
 

@@ -17,8 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import HarnessError, Unavailable
 from ..core.directory_cache import DirectoryCache
+from ..errors import HarnessError, Unavailable
 from ..strategies.stack import install_environment
 
 INSTALL_TIMEOUT_S = 900

@@ -9,7 +9,7 @@ address on a bridge, its own node-local directory, and whatever its launcher sta
         nodes.wipe(1)                                           # its local directory emptied (a replaced machine)
     # leaving the block: every node's processes SIGKILLed, the namespaces and local directories removed
 
-The namespaces are the partition fault's (`resilience.faults.network.netns.Topology` with ``member="n"``:
+The namespaces are the partition fault's (`resilience.faults.network.netns.NamespaceWiring` with ``member="n"``:
 ``veth0`` in each node, its peer a port of ``br0`` in a switch namespace of the case's own), so
 concurrent cases use the same private addresses without seeing each other, and nothing is added
 to the host's namespace. Filesystems are not separated: the case directory is the shared storage
@@ -39,7 +39,7 @@ from pathlib import Path
 from ..core import janitor
 from ..core.elastic_layout import NODE_ENV, NODE_NAMESPACE_ENV
 from ..errors import NetworkError
-from ..faults.network.netns import IFNAME, Topology, remove_stale_namespaces
+from ..faults.network.netns import IFNAME, NamespaceWiring, remove_stale_namespaces
 
 GONE_WAIT_S = 10.0
 
@@ -72,10 +72,10 @@ class Nodes:
         if count < 1:
             raise ValueError(f"a job needs at least one node, not {count}")
         self.root = Path(root)
-        self.topology = Topology(count, member="n")
+        self.wiring = NamespaceWiring(count, member="n")
         self.nodes = [Node(index=link["rank"], namespace=link["namespace"], address=link["address"],
                            ifname=IFNAME, local_dir=self.root / f"node{link['rank']}")
-                      for link in self.topology.ranks]
+                      for link in self.wiring.ranks]
         self._started: list[subprocess.Popen] = []
 
     def __getitem__(self, index: int) -> Node:
@@ -97,7 +97,7 @@ class Nodes:
         remove_stale_namespaces()
         janitor.register("dir", self.root)
         try:
-            self.topology.create()
+            self.wiring.create()
         except NetworkError:
             self.destroy()
             raise
@@ -151,12 +151,12 @@ class Nodes:
         """Kill every node's processes, delete the namespaces and the local directories.
         Idempotent; raises `NetworkError` naming what the kernel kept."""
         for node in self.nodes:
-            if node.namespace in self.topology.existing():
+            if node.namespace in self.wiring.existing():
                 self.kill(node.index)
         for process in self._started:
             janitor.release("pgid", process.pid)
         self._started.clear()
-        left = self.topology.destroy()
+        left = self.wiring.destroy()
         shutil.rmtree(self.root, ignore_errors=True)
         janitor.release("dir", self.root)
         if left:

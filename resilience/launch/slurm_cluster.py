@@ -19,9 +19,10 @@ Nothing stays behind: every daemon leads a process group registered with the jan
 namespace is registered (the janitor kills what runs in it before deleting it), and `stop` SIGKILLs
 every process in every namespace of the cluster (slurmstepd and a job's tasks leave the daemons'
 process groups), then deletes the namespaces (`Nodes.destroy`). The state and logs are under ROOT,
-the sockets and spools in a short directory of /tmp of their own. The pid space stays the machine's: a node_loss fault in a rank finds every process of
-its node (slurmd and slurmstepd included) by network namespace, as ``RESILIENCE_NODE_NAMESPACE`` names
-it; a TaskProlog puts that and ``RESILIENCE_NODE`` into every task's environment.
+the sockets and spools in a short directory of /tmp of their own. The pid space stays the
+machine's: a node_loss fault in a rank finds every process of its node (slurmd and slurmstepd
+included) by network namespace, as ``RESILIENCE_NODE_NAMESPACE`` names it; a TaskProlog puts that
+and ``RESILIENCE_NODE`` into every task's environment.
 """
 from __future__ import annotations
 
@@ -246,7 +247,8 @@ class LocalCluster:
             "SchedulerParameters=sched_interval=1",  # a requeued job starts within a second of its BeginTime
             "SlurmdParameters=config_overrides",  # the node has the CPUs written here, whatever the machine has
             "ReturnToService=2", "JobRequeue=1",  # a batch job on a failed node is requeued
-            "SlurmctldTimeout=10", f"SlurmdTimeout={SLURMD_TIMEOUT_S}", "InactiveLimit=0", "KillWait=2", "MinJobAge=600",
+            "SlurmctldTimeout=10", f"SlurmdTimeout={SLURMD_TIMEOUT_S}", "InactiveLimit=0", "KillWait=2",
+            "MinJobAge=600",
         ]
         lines += [f"NodeName={n.name} NodeAddr={n.address} Port={n.port} CPUs=1 RealMemory=1000 State=UNKNOWN"
                   for n in self.nodes]

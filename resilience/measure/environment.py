@@ -105,4 +105,5 @@ def describe(checkpoint_dir: Path | str, object_store: ObjectStoreTarget | None 
     return Environment(python=sys.version.split()[0], libraries=library_versions(),
                        kernel=f"{uname.system} {uname.release} {uname.version}", machine=uname.machine,
                        cpus=os.cpu_count() or 0, checkpoint_dir=str(checkpoint_dir),
-                       mount=None if str(checkpoint_dir).startswith("s3://") else mount_of(checkpoint_dir), object_store=object_store)
+                       mount=None if str(checkpoint_dir).startswith("s3://") else mount_of(checkpoint_dir),
+                       object_store=object_store)

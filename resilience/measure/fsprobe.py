@@ -28,7 +28,8 @@ class BandwidthProbe:
         return self.size_bytes / self.seconds if self.seconds > 0 else 0.0
 
 
-def measure_write_bandwidth(directory: Path, size_bytes: int = DEFAULT_SIZE, deadline_s: float = 300.0) -> BandwidthProbe:
+def measure_write_bandwidth(directory: Path, size_bytes: int = DEFAULT_SIZE,
+                            deadline_s: float = 300.0) -> BandwidthProbe:
     """Write ``size_bytes`` sequentially into a new file under ``directory``, fsync it, time both.
 
     Raises ``TimeoutError`` when the filesystem is slower than ``deadline_s`` allows (the partial

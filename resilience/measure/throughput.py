@@ -9,18 +9,17 @@ the restore is compared with the probe's GET where a disk's is compared with its
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import shutil
 import statistics
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.case import VerdictKind
 from ..core.records import CaseResult
 from ..run.harness import Harness
 from ..scenario.loader import load_document
-from ..core.case import VerdictKind
 
 STEPS, CHECKPOINT_EVERY = 4, 2
 

@@ -64,8 +64,8 @@ def earliest_unless_killed(errors: list[RankError], fault_events: Iterable[dict]
 
 def error_from_event(event: dict, phase: str, rank: int | None = None) -> RankError:
     """The `RankError` of an ``error`` event a rank wrote."""
-    return RankError(event["rank"] if rank is None else rank, phase, event["type"], event["message"], event.get("traceback", ""),
-                     event["time"], tuple(event.get("chain", ())))
+    return RankError(event["rank"] if rank is None else rank, phase, event["type"], event["message"],
+                     event.get("traceback", ""), event["time"], tuple(event.get("chain", ())))
 
 
 def _crash(phase: str, record: RankRecord) -> RankError:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..core.records import CaseResult
 from ..core.case import VerdictKind
+from ..core.records import CaseResult
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,8 @@ def judge_case(result: CaseResult) -> CaseOutcome:
             matches = False
             mismatch = f"the error {text!r} does not match /{case.expect.error}/"
     if matches and case.expect.fallback_required and verdict.intact_step is not None:
-        refusal = f"the restore refused although step {verdict.intact_step} was intact (restored and verified in fresh ranks)"
+        refusal = (f"the restore refused although step {verdict.intact_step} was intact "
+                   "(restored and verified in fresh ranks)")
         if case.known_issue and case.known_issue.verdict is VerdictKind.LOUD:  # the refusal is what is pinned
             issue = case.known_issue
             return CaseOutcome("xfailed", f"known issue (LOUD, {refusal}): {issue.reason} {issue.link}")

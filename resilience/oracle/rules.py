@@ -85,7 +85,8 @@ def worst(silent: list[str], hung: str | None, first_error: RankError | None) ->
     return VerdictKind.RECOVERED
 
 
-def findings(silent: list[str], hang_lines: list[str], first_error: RankError | None, notes: list[str]) -> tuple[str, ...]:
+def findings(silent: list[str], hang_lines: list[str], first_error: RankError | None,
+             notes: list[str]) -> tuple[str, ...]:
     """Every finding in the order a reader needs them: what went silently wrong, where it hung, who
     failed first, then notes."""
     failed = [f"rank {first_error.rank} failed in {first_error.phase}: {first_error.summary()}"] if first_error else []

@@ -24,8 +24,9 @@ from .durable import DurableShardsThenPointer, write_durably
 class SwallowsWriterError(DcpCheckpoint):
     """DCP ``async_save`` whose future is awaited with ``future.exception()`` and whose failure is
     only logged ("the next save will do"; DCP's ``CheckpointException`` is a ``BaseException``, so
-    the usual ``except Exception`` would not even have swallowed it): an exception in the background writer thread leaves the job believing the step
-    saved, and the restart silently resumes from an older one."""
+    the usual ``except Exception`` would not even have swallowed it): an exception in the background
+    writer thread leaves the job believing the step saved, and the restart silently resumes from an
+    older one."""
 
     def __init__(self, context):
         super().__init__(context)

@@ -102,7 +102,8 @@ CATCHERS: tuple[Catcher, ...] = (
              "timeouts": {"phase": 60}},
             frozenset({RECOVERED, LOUD}), fallback_ok=True),
     Catcher("stale_pointer", "after the step-8 save the pointer (the file every rank reads first at restore, "
-            "whatever its name) is set back to step 4 (an update that never reached the disk); step 8 is complete on disk",
+            "whatever its name) is set back to step 4 (an update that never reached the disk); step 8 is "
+            "complete on disk",
             {"workload": TWO_RANKS,
              "fault": {"kind": "stale_pointer", "rank": 0, "step": 8, "file": "@pointer", "points_to": "older"},
              "timeouts": {"phase": 60}},

@@ -186,7 +186,7 @@ def _rebuild(template: Any, slices: list[Any], world: int) -> Any:
     current world size, whatever size saved them, into zeros)."""
     if isinstance(template, torch.Tensor):
         whole = torch.zeros(template.numel(), dtype=template.dtype)
-        for target, piece in zip(whole.tensor_split(world), slices):
+        for target, piece in zip(whole.tensor_split(world), slices, strict=False):
             count = min(target.numel(), piece.numel())
             target[:count] = piece[:count]
         return whole.reshape(template.shape)

@@ -25,8 +25,8 @@ def install(config_text: str) -> None:
     os.environ[_OWNER_ENV] = str(os.getpid())
     config = json.loads(config_text)
     from ..core.elastic_layout import Incarnation
-    from ..faults.base import Clock, RankEnvironment, WriteListener
     from ..core.events import EventLog
+    from ..faults.base import Clock, RankEnvironment, WriteListener
     from .worker import die_with_parent, exception_chain
 
     die_with_parent()  # an unmodified script never asks for it; no rank may outlive the driver
@@ -44,8 +44,8 @@ def install(config_text: str) -> None:
     fault = None
     if config.get("fault") and incarnation.is_first:
         from ..core import registry
-        from ..disk.interception import Interceptor
         from ..core.case import FaultSpec, Trigger
+        from ..disk.interception import Interceptor
 
         document = config["fault"]
         spec = FaultSpec(kind=document["kind"], trigger=Trigger(**document["trigger"]), params=document["params"])

@@ -21,10 +21,17 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..core.elastic_layout import (EARLY, LAUNCH_ENV, NODE_ENV, Incarnation, TorchrunLayout, claim_incarnation,
-                                   write_atomically)
-from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
+from ..core.elastic_layout import (
+    EARLY,
+    LAUNCH_ENV,
+    NODE_ENV,
+    Incarnation,
+    TorchrunLayout,
+    claim_incarnation,
+    write_atomically,
+)
 from ..core.events import EventLog
+from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
 from .worker import die_with_parent, redirect_output, report_failure
 
 USAGE = "usage: torchrun ... -m resilience.rank.elastic_entry CASE_DIR (written by resilience.run.torchrun)"

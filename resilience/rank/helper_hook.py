@@ -3,8 +3,9 @@ the spawn method): they inherit the rank's environment, so the rank exposes its 
 through a startup hook (``resilience/rank/startup/sitecustomize.py``) before the library starts them.
 
 In such a helper the fault is armed with ``process="helper"``, follows the step of the last save its
-rank began (a background writer writes after the rank's save call returned), writes its events into the rank's event log, and reaches the helper's files
-through the same interception layer as in the rank.
+rank began (a background writer writes after the rank's save call returned), writes its events into
+the rank's event log, and reaches the helper's files through the same interception layer as in the
+rank.
 """
 from __future__ import annotations
 
@@ -37,10 +38,10 @@ def install(config_text: str) -> None:
     if config["rank_pid"] == os.getpid():
         return  # the rank itself (re-executed): it arms its fault on its own
     from ..core import registry
-    from ..faults.base import FollowedClock, RankEnvironment, WriteListener
-    from ..disk.interception import Interceptor
-    from ..scenario.loader import read_case_file
     from ..core.events import EventLog
+    from ..disk.interception import Interceptor
+    from ..faults.base import FollowedClock, RankEnvironment, WriteListener
+    from ..scenario.loader import read_case_file
 
     case = read_case_file(Path(config["case_file"]))
     fault = registry.resolve("fault", case.fault.kind)(case.fault)

@@ -42,12 +42,12 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
 
     from ..core import registry
     from ..core.device import for_rank, rank_device
-    from ..faults.base import Clock, RankEnvironment, ReadListener, WriteListener
-    from ..disk.interception import Interceptor
-    from ..scenario.loader import read_case_file
     from ..core.preemption import EmergencySave, wanted_by
-    from .step_loop import HarnessObserver, train_with_harness_loop
+    from ..disk.interception import Interceptor
+    from ..faults.base import Clock, RankEnvironment, ReadListener, WriteListener
+    from ..scenario.loader import read_case_file
     from ..strategies.base import StrategyContext
+    from .step_loop import HarnessObserver, train_with_harness_loop
 
     torch.set_num_threads(1)  # reductions over several threads change the bits of a sum
     use_private_temp_dir()
@@ -134,7 +134,7 @@ def redirect_output(log_paths: tuple[Path, Path]) -> None:
     output too) append to ``log_paths``, as a rank started with its logs does."""
     sys.stdout.flush()
     sys.stderr.flush()
-    for fd, path in zip((1, 2), log_paths):
+    for fd, path in zip((1, 2), log_paths, strict=True):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(target, fd)
         os.close(target)

@@ -5,6 +5,9 @@ gloo) before torch loads, because OpenMP reads its settings when the library loa
 """
 from __future__ import annotations
 
+# The order is the point: the environment before torch loads, then torch, then what a rank imports.
+# isort: skip_file
+
 import os
 
 os.environ.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
@@ -17,12 +20,12 @@ if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(util.get_temp_dir(), "torchinductor")
 
-import torch  # noqa: E402
-import torch.distributed  # noqa: E402,F401
+import torch
+import torch.distributed
 
-from . import warm_rank, worker  # noqa: E402,F401  (and what they import: a rank's whole import cost, once)
-from .. import faults  # noqa: E402,F401
-from ..strategies.stack import stacks  # noqa: E402
+from . import warm_rank, worker  # (and what they import: a rank's whole import cost, once)
+from .. import faults  # noqa: F401 -- preloaded too: every fault module, once
+from ..strategies.stack import stacks
 
 torch.set_num_threads(1)
 

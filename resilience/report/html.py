@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from html import escape
 
-from .qualification import FAILING, CaseRecord, Qualification, summary
 from ..measure.throughput import StrategyThroughput
 from .lost_work import lost_line, per_strategy
+from .qualification import FAILING, CaseRecord, Qualification, summary
 from .svg import Series, loss_plot
 
 STYLE = """
@@ -159,12 +159,13 @@ def render_lost_work(report: Qualification) -> str:
     if not rows:
         return ""
     parts = ["<h2>Lost work per strategy</h2><table id=\"lost-work\"><tr><th>strategy</th><th>cases</th>"
-             "<th>restored</th><th>steps lost</th><th>seconds lost</th><th>of which restart</th><th>of which replay</th>"
-             "<th>time to restore</th><th>refused with an intact older checkpoint</th></tr>"]
+             "<th>restored</th><th>steps lost</th><th>seconds lost</th><th>of which restart</th>"
+             "<th>of which replay</th><th>time to restore</th><th>refused with an intact older checkpoint</th></tr>"]
     for row in rows:
         parts.append(f"<tr><td>{escape(row.strategy)}</td><td>{row.cases}</td><td>{row.restored}</td>"
                      f"<td>{row.steps_lost}</td><td>{row.lost_s:.2f} s</td><td>{row.restart_s:.2f} s</td>"
-                     f"<td>{row.replay_s:.2f} s</td><td>{row.restore_s:.2f} s</td><td>{row.refused_with_intact}</td></tr>")
+                     f"<td>{row.replay_s:.2f} s</td><td>{row.restore_s:.2f} s</td>"
+                     f"<td>{row.refused_with_intact}</td></tr>")
     parts.append("</table><p>Steps lost: steps the first run had trained that the restart trained again. Seconds "
                  "lost: restart (first rank joining the group to the last rank restored) plus replay (from there "
                  "to the last rank's loss at the first run's last step), summed over the strategy's cases.</p>")
@@ -189,11 +190,11 @@ def render_case(record: CaseRecord) -> str:
     if record.reason:
         parts.append(f"<tr><th>why</th><td>{escape(record.reason)}</td></tr>")
     parts += [f"<tr><th>restored step</th><td>{record.restored_step if record.restored_step is not None else '-'}"
-              f" (newest checkpoint saved on every rank: {record.complete_step if record.complete_step is not None else '-'})"
-              f"</td></tr>",
+              " (newest checkpoint saved on every rank: "
+              f"{record.complete_step if record.complete_step is not None else '-'})</td></tr>",
               f"<tr><th>steps lost</th><td>{record.steps_lost if record.steps_lost is not None else '-'}</td></tr>",
-              f"<tr><th>work lost</th><td class=\"lost-work\">{escape(lost_line(record.steps_lost, record.restart_s, record.replay_s))}"
-              f"</td></tr>",
+              "<tr><th>work lost</th><td class=\"lost-work\">"
+              f"{escape(lost_line(record.steps_lost, record.restart_s, record.replay_s))}</td></tr>",
               f"<tr><th>time to restore</th><td>{_fmt_s(record.restore_s)}</td></tr>",
               f"<tr><th>save times</th><td>{', '.join(f'step {s}: {t:.2f} s' for s, t in record.save_s) or '-'}"
               f"</td></tr>",
@@ -225,8 +226,8 @@ def render(report: Qualification) -> str:
     return "".join([
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
         f"<title>resilience qualification: {verdict}</title><style>{STYLE}</style></head><body>",
-        f"<h1>Checkpoint resilience qualification: <span id=\"overall\" class=\"{'failed' if report.failed else 'passed'}\">"
-        f"{verdict}</span></h1>",
+        "<h1>Checkpoint resilience qualification: "
+        f"<span id=\"overall\" class=\"{'failed' if report.failed else 'passed'}\">{verdict}</span></h1>",
         f"<p>{counts['total']} cases: {escape(headline)}. Started {escape(report.started)}, "
         f"{report.elapsed_s:.0f} s. Command: <code>{escape(report.command)}</code></p>",
         "<h2>Verdict matrix</h2>", render_matrix(report.cases),

@@ -24,7 +24,8 @@ class StrategyLoss:
 
 
 def per_strategy(cases: Iterable[Any]) -> tuple[StrategyLoss, ...]:
-    """From `qualification.CaseRecord`s: one row per strategy, in the order the cases name them; cases that never ran are left out."""
+    """From `qualification.CaseRecord`s: one row per strategy, in the order the cases name them; cases
+    that never ran are left out."""
     rows: dict[str, list[Any]] = {}
     for case in cases:
         if case.verdict is not None:

@@ -10,22 +10,24 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..core.case import Case
+from ..core.records import CaseResult
 from ..measure.environment import Environment
-from ..measure.throughput import StrategyThroughput
 from ..measure.fsprobe import BandwidthProbe
 from ..measure.objprobe import ObjectBandwidthProbe
-from ..core.records import CaseResult
+from ..measure.throughput import StrategyThroughput
 from ..oracle.outcome import CaseOutcome
 from .lost_work import per_strategy
 from .text import replay_command
-from ..core.case import Case
 
 PASSING = ("passed", "xfailed")
 FAILING = ("failed", "error")  # a skip fails only under CI=true (the caller decides)
 
 
 @dataclass(frozen=True)
-class RankLog:
+class RankOutputTail:
+    """How one rank of one phase ended: its exit code and the tails of its stdout and stderr."""
+
     phase: str
     rank: int
     returncode: int | None
@@ -58,7 +60,7 @@ class CaseRecord:
     first_run_losses: tuple[tuple[int, float], ...] = ()
     restored_losses: tuple[tuple[int, float], ...] = ()
     findings: tuple[str, ...] = ()
-    logs: tuple[RankLog, ...] = ()  # only for a case that did not pass
+    logs: tuple[RankOutputTail, ...] = ()  # only for a case that did not pass
 
     @property
     def label(self) -> str:
@@ -84,8 +86,8 @@ class CaseRecord:
         case, verdict = result.case, result.verdict
         restart_s, replay_s = result.lost_s or (None, None)
         logs = () if outcome.status in PASSING else tuple(
-            RankLog(phase=phase.name, rank=r.rank, returncode=r.returncode, stdout_tail=r.stdout_tail,
-                    stderr_tail=r.stderr_tail)
+            RankOutputTail(phase=phase.name, rank=r.rank, returncode=r.returncode, stdout_tail=r.stdout_tail,
+                           stderr_tail=r.stderr_tail)
             for phase in result.phases[1:] for r in phase.ranks)
         return cls(source=case.source, case_id=case.id, name=case.name, strategy=strategy_label(case),
                    fault=fault_label(case), status=outcome.status, reason=outcome.reason,
@@ -125,10 +127,10 @@ class Qualification:
         if self.object_bandwidth:
             data["object_bandwidth"].update(put_bytes_per_s=self.object_bandwidth.put_bytes_per_s,
                                             get_bytes_per_s=self.object_bandwidth.get_bytes_per_s)
-        for entry, figure in zip(data["throughput"], self.throughput):
+        for entry, figure in zip(data["throughput"], self.throughput, strict=True):
             entry.update(save_bytes_per_s=figure.save_bytes_per_s, restore_bytes_per_s=figure.restore_bytes_per_s,
                          save_fraction=figure.save_fraction, restore_fraction=figure.restore_fraction)
-        for entry, record in zip(data["cases"], self.cases):
+        for entry, record in zip(data["cases"], self.cases, strict=True):
             entry.update(passed=record.passed, lost_s=record.lost_s)
         data["lost_work"] = [{**asdict(row), "lost_s": row.lost_s} for row in per_strategy(self.cases)]
         return json.dumps(data, indent=1)

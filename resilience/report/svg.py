@@ -52,7 +52,8 @@ def loss_plot(title: str, series: list[Series], marker_step: int | None = None) 
     for tick in _ticks(y_low, y_high):
         ty = MARGIN_TOP + (1 - (tick - y_low) / (y_high - y_low)) * plot_h
         label = 10 ** tick if use_log else tick
-        parts.append(f'<text x="{MARGIN_LEFT - 4}" y="{ty + 4:.1f}" font-size="10" text-anchor="end">{label:.3g}</text>')
+        parts.append(f'<text x="{MARGIN_LEFT - 4}" y="{ty + 4:.1f}" font-size="10" '
+                     f'text-anchor="end">{label:.3g}</text>')
     for tick in sorted({round(t) for t in _ticks(x_low, x_high)}):
         parts.append(f'<text x="{x(tick):.1f}" y="{HEIGHT - MARGIN_BOTTOM + 13}" font-size="10" '
                      f'text-anchor="middle">{tick}</text>')

@@ -55,4 +55,5 @@ def render(result: CaseResult, reason: str = "") -> str:
 def fault_text(event: dict) -> str:
     at = f" at byte {event['offset']}" if "offset" in event else ""  # a stalled or crashed writer has no byte
     where = f" in {event['file']}{at}" if event.get("file") else ""
-    return f"{event['kind']} on rank {event['rank']} at step {event['step']} {event['phase']}/{event.get('point')}{where}"
+    return (f"{event['kind']} on rank {event['rank']} at step {event['step']} "
+            f"{event['phase']}/{event.get('point')}{where}")

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..core import registry
+from ..core.capabilities import Capability
 from ..core.case import Case
 from ..core.plan import FALLBACK, RESTART
 from ..core.records import PhaseResult
 from ..oracle import rules
 from ..oracle.judge import expected_state
-from ..core.capabilities import Capability
 
 MAX_PROBES = 4
 

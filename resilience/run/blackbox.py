@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from ..core import janitor
-from ..launch.backend import rank_environment
-from ..oracle.blackbox import RankLog, judge_logs
 from ..core.elastic_layout import LAUNCH_ENV, Incarnation, incarnations_in
-from ..errors import HarnessError, ScenarioError
 from ..core.events import read_events, tail
-from ..rank.helper_hook import STARTUP_DIR
 from ..core.paths import PROJECT_ROOT
 from ..core.records import Verdict
+from ..errors import HarnessError, ScenarioError
+from ..launch.backend import rank_environment
+from ..oracle.blackbox import RankLog, judge_logs
+from ..rank.helper_hook import STARTUP_DIR
 from .supervisor import AgentLaunch, deadline_after, supervise
 
 PLACEHOLDER = "{checkpoint_dir}"
@@ -111,7 +111,8 @@ class _BlackBoxRun:
         reference = self._logs(reference_dir, Incarnation(0, 0))
         if hung or any(log.errors for log in reference) or not reference or not reference[0].losses:
             raise HarnessError(f"the uninterrupted run of {self.job.script} did not complete (or logged no "
-                               f"'RESILIENCE step=' lines); its output:\n{tail(reference_dir / 'torchrun.launch0.log')}")
+                               "'RESILIENCE step=' lines); its output:\n"
+                               f"{tail(reference_dir / 'torchrun.launch0.log')}")
         job_dir = self.work_dir / "job"
         for launch in (0, 1):
             hung = self._launch(job_dir, fault=self.fault, launch=launch)

@@ -17,9 +17,9 @@ from typing import Any
 
 from ..core import janitor
 from ..core.events import read_events, tail
+from ..errors import ResilienceError
 from ..launch.backend import PopenRank, rank_environment, start_all
 from ..rank.checkpoint_check import CheckPlan
-from ..errors import ResilienceError
 from ..scenario.loader import load_document, load_file
 from .supervisor import LocalRanks, deadline_after, supervise
 
@@ -54,7 +54,8 @@ def case_for(checkpoint_dir: Path, strategy: str, options: dict[str, Any], world
         cases = load_file(scenario).cases
         chosen = [c for c in cases if case_id in (None, c.id)]
         if not chosen:
-            raise ResilienceError(f"{scenario}: --case {case_id!r} not found; allowed: {', '.join(c.id for c in cases)}")
+            raise ResilienceError(f"{scenario}: --case {case_id!r} not found; "
+                                  f"allowed: {', '.join(c.id for c in cases)}")
         document = dict(chosen[0].document)
         document["strategy"] = {"name": strategy, "options": {**dict(chosen[0].strategy.options), **options}}
         if world_size is not None:
@@ -112,9 +113,11 @@ def _views(plan: CheckPlan, codes: list[int | None], work: Path):
         found = {event["event"]: event for event in read_events(plan.events_path(rank))}
         events[rank] = found
         error = found.get("error")
-        views.append(RankView(rank=rank, returncode=code, step=found["restored"]["step"] if "restored" in found else None,
-                              error=f"{error['type']}: {error['message']}" + "".join(f" (from {c})" for c in error["chain"])
-                              if error else None, stderr_tail=tail(work / f"rank{rank}.err")))
+        described = (f"{error['type']}: {error['message']}" + "".join(f" (from {c})" for c in error["chain"])
+                     if error else None)
+        step = found["restored"]["step"] if "restored" in found else None
+        views.append(RankView(rank=rank, returncode=code, step=step, error=described,
+                              stderr_tail=tail(work / f"rank{rank}.err")))
     return views, events
 
 

@@ -26,24 +26,23 @@ import json
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from collections.abc import Callable
 
+from ..core.case import Case, VerdictKind
+from ..core.plan import FIRST_RUN
+from ..core.records import CaseResult, PhaseResult, Verdict
 from ..disk.crash_states import CrashModel, CrashPoint
 from ..disk.enumeration import distinct_states
 from ..disk.state_tree import read_tree, state_hash
 from ..errors import HarnessError
 from ..faults.write_path.power_loss import trace_dir
-from ..core.plan import FIRST_RUN
-from ..core.case import Case, VerdictKind
-from ..core.records import CaseResult, PhaseResult, Verdict
 from ..launch.backend import ProcessBackend
 from ..oracle.judge import judge
 from . import availability
 from .crash_restores import CrashRestores
 from .explore_search import search
-
 
 SEVERITY = {VerdictKind.RECOVERED: 0, VerdictKind.LOUD: 1, VerdictKind.HANG: 2, VerdictKind.SILENT: 3}
 CANARY_EVERY = 10  # one warm-restored state in ten (the last one first) and the reported one: again in fresh ranks

@@ -9,19 +9,18 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..core import janitor, registry
-from ..launch.backend import BACKENDS, DEFAULT_BACKEND, ProcessBackend, backend_for_restart
+from ..core.case import Case
+from ..core.plan import CONTINUATION, FALLBACK, FIRST_RUN, REFERENCE, RESTART, PhasePlan
+from ..core.records import CaseResult, PhaseResult
+from ..core.topology import Topology
 from ..errors import HarnessError, StrategyUnavailable
 from ..faults.base import CaseEnvironment
-from ..core.plan import CONTINUATION, FALLBACK, FIRST_RUN, REFERENCE, RESTART, PhasePlan
-from . import availability
-from .reference_cache import ReferenceCache, reference_key
-from ..core.case import Case
-from ..core.topology import Topology
-from ..core.records import CaseResult, PhaseResult
+from ..launch.backend import BACKENDS, DEFAULT_BACKEND, ProcessBackend, backend_for_restart
 from ..oracle.evidence import collect_phase, follow_phase_events, stderr_tails
 from ..oracle.judge import ended_as_reference, judge
+from . import availability
+from .reference_cache import ReferenceCache, reference_key
 from .supervisor import LocalRanks, collect, deadline_after, supervise
-
 
 
 class Harness:

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ..launch.backend import BACKENDS, DEFAULT_BACKEND
-from ..errors import LauncherUnavailable, NotExpressible
+from ..core.case import Case
 from ..core.records import CaseResult
+from ..errors import LauncherUnavailable, NotExpressible
+from ..launch.backend import BACKENDS, DEFAULT_BACKEND
 from .harness import Harness
 from .reference_cache import ReferenceCache
-from ..core.case import Case
 
 CaseRunner = Callable[[Case], CaseResult]
 LAUNCHERS = ("local", "torchrun")

@@ -15,9 +15,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..core import registry
+from ..core.case import Case
 from ..core.directory_cache import DirectoryCache
 from ..core.paths import PROJECT_ROOT
-from ..core.case import Case
 
 FORMAT_VERSION = 1
 

@@ -10,14 +10,12 @@ import subprocess
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dataclasses import replace
-
 from ..core import janitor
-from ..core.janitor import kill_group, signal_process
 from ..core.events import read_events
+from ..core.janitor import kill_group, signal_process
 from ..core.plan import PhasePlan
 from ..core.records import PhaseResult
 from ..launch.backend import RankProcess, is_stopped
@@ -87,8 +85,9 @@ class WarmRanks(RankGroup):
     failed once its process exited without answering.
 
     `destroy` ends the restore, not the processes, when every member answered, left nothing behind
-    (``left_behind(rank)``) and is still alive: they stay for the next restore. Otherwise (a member died, hung, or exited because the restore
-    left state in it) every member is killed and ``spent`` is set: the pool starts new ones.
+    (``left_behind(rank)``) and is still alive: they stay for the next restore. Otherwise (a member
+    died, hung, or exited because the restore left state in it) every member is killed and ``spent``
+    is set: the pool starts new ones.
     """
 
     # a warm restore takes 10-20 ms: polling at the phases' 20 ms would double it; a poll reads

@@ -26,19 +26,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core import janitor, registry
-from ..launch.backend import rank_environment
+from ..core.case import Case
 from ..core.elastic_layout import LAUNCH_ENV, Incarnation, TorchrunLayout
+from ..core.events import EventFollower, read_events, tail
+from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
+from ..core.records import CaseResult, PhaseResult
+from ..core.topology import NODE_LOCAL
 from ..errors import HarnessError, StrategyUnavailable, TorchrunIncompatible
 from ..faults.base import CaseEnvironment, Fault
-from ..core.records import CaseResult, PhaseResult
-from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
-from ..core.case import Case
-from ..core.events import EventFollower, read_events, tail
+from ..launch.backend import rank_environment
+from ..launch.torchrun_command import STARTUP_S, TorchrunOptions, incompatibility, stand_by, torchrun_command
 from ..oracle.evidence import collect_phase, launcher_error, stderr_tails, where_waiting
-from ..core.topology import NODE_LOCAL
 from .elastic_grow import is_grown, judge_job, superseded
 from .local_probe import continue_in_local_ranks, probe_in_local_ranks
-from ..launch.torchrun_command import STARTUP_S, TorchrunOptions, incompatibility, stand_by, torchrun_command
 from .supervisor import AgentLaunch, supervise
 
 __all__ = ["STARTUP_S", "TorchrunOptions", "incompatibility", "run_case_under_torchrun", "torchrun_command"]

@@ -2,12 +2,13 @@
 
 A fresh rank group costs a fork (or an interpreter) per rank, a rendezvous, and the strategy's and
 workload's first-use costs; a warm rank (`resilience.rank.warm_rank`) pays them once and joins a
-new process group per restore (a PrefixStore over one TCPStore on 127.0.0.1). Each restore is supervised by
-`resilience.run.supervisor.supervise` like any phase (deadline, stack dump, grace), as a
-`WarmRanks` group: a restore in which a rank dies, hangs or leaves state in its process (threads,
-child processes, signal handlers) retires the whole group (a rank that raised answers and stays), and the next restore starts new ranks.
-Caching inside a strategy cannot be seen from outside: the explorer re-runs a share of the states
-in fresh ranks and compares (`resilience.run.explore`).
+new process group per restore (a PrefixStore over one TCPStore on 127.0.0.1). Each restore is
+supervised by `resilience.run.supervisor.supervise` like any phase (deadline, stack dump, grace),
+as a `WarmRanks` group: a restore in which a rank dies, hangs or leaves state in its process
+(threads, child processes, signal handlers) retires the whole group (a rank that raised answers
+and stays), and the next restore starts new ranks. Caching inside a strategy cannot be seen from
+outside: the explorer re-runs a share of the states in fresh ranks and compares
+(`resilience.run.explore`).
 """
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ def expand_matrix(source: str, matrix: Any) -> list[tuple[str, Overrides]]:
     if len(set(ids)) < len(ids):  # only the expectations tell some cases apart: name them too
         ids = [case_id(combo, full=True) for combo in combos]
     expanded, seen = [], set()
-    for one_id, combo in zip(ids, combos):
+    for one_id, combo in zip(ids, combos, strict=True):
         if one_id in seen:
             raise ScenarioError(source, "matrix", f"two cases have the same values ({one_id})")
         seen.add(one_id)

@@ -10,14 +10,37 @@ import re
 from typing import Any
 
 from ..core import registry
-from ..core.case import (Case, Expect, FaultSpec, KnownIssue, Outcome, StrategySpec, Timeouts, Trigger,
-                         VerdictKind, WorkloadSpec)
+from ..core.case import (
+    Case,
+    Expect,
+    FaultSpec,
+    KnownIssue,
+    Outcome,
+    StrategySpec,
+    Timeouts,
+    Trigger,
+    VerdictKind,
+    WorkloadSpec,
+)
 from ..disk.trace_targets import POINTER, WRITTEN_BY, is_selector, parse_target
 from .capability_check import capability_problem
 from .checks import Problems, Validator, parse_size
 from .placement import check_restart, check_topology
-from .schema import (DEFAULT_TIMEOUTS, EXPECT_KEYS, FALLBACK_CHOICES, KNOWN_ISSUE_KEYS, MAX_TIMEOUT_S, MAX_WORLD_SIZE,
-                     OBJECT_STORES, RANK_RNG, TIERS, TIMEOUT_KEYS, TOP_KEYS, TRIGGER_KEYS, WORKLOAD_KEYS)
+from .schema import (
+    DEFAULT_TIMEOUTS,
+    EXPECT_KEYS,
+    FALLBACK_CHOICES,
+    KNOWN_ISSUE_KEYS,
+    MAX_TIMEOUT_S,
+    MAX_WORLD_SIZE,
+    OBJECT_STORES,
+    RANK_RNG,
+    TIERS,
+    TIMEOUT_KEYS,
+    TOP_KEYS,
+    TRIGGER_KEYS,
+    WORKLOAD_KEYS,
+)
 
 
 def check_case(document: Any, source: str, case_id: str = "", where: str = "",

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Mapping
 
 from ..core.capabilities import Capability
 from ..workloads.base import Workload
-from .context import StrategyContext, TrainingObserver  # noqa: F401 (re-exported: part of the contract)
+from .context import StrategyContext, TrainingObserver  # re-exported: part of the contract
 from .declarations import OPTIONS_KEY, declaration_problems, option_problem
 
 
@@ -129,7 +129,7 @@ class CheckpointStrategy(ABC):
     #: of the states and must agree (docs/exploration.md).
     warm_restores: ClassVar[bool] = False
 
-    @classmethod
+    @classmethod  # noqa: B027 -- optional: nothing by default
     def warm_process(cls, options: Mapping[str, Any]) -> None:
         """Start what the library keeps for a process's whole life (a helper it creates at its first
         save and reuses), so that a warm rank has it before it records the state each restore must
@@ -199,7 +199,7 @@ class CheckpointStrategy(ABC):
         does and reporting to ``observer``; on every rank, once (``drives_training`` strategies)."""
         raise NotImplementedError(f"{type(self).__name__} does not run a training loop of its own")
 
-    def finish(self, workload: Workload) -> None:
+    def finish(self, workload: Workload) -> None:  # noqa: B027 -- optional: nothing by default
         """Commit whatever save is still in flight; called on every rank once training ended."""
 
     @abstractmethod

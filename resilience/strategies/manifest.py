@@ -38,7 +38,7 @@ import torch.distributed as dist
 from ..core.capabilities import Capability
 from ..workloads.base import Workload
 from .base import CheckpointStrategy, StrategyContext
-from .torch.targets import DirectoryTarget, fsync_directory, target_of, write_atomically  # noqa: F401 (re-exported)
+from .torch.targets import fsync_directory, target_of, write_atomically  # noqa: F401 (re-exported)
 
 MANIFEST_DIR = "manifests"
 MANIFEST_NAME = re.compile(r"^step_(\d{8})\.json$")
@@ -46,11 +46,6 @@ MANIFEST_FORMAT = 1
 #: the inner's capabilities the manifest offers too, forwarding their methods to it (not its version
 #: stamp: the manifest's own file records none, so version_mismatch reads the files it traced)
 FORWARDED = frozenset({Capability.TAGS, Capability.IN_FLIGHT_STEPS})
-
-
-def file_digest(path: Path, durable: bool = False) -> tuple[int, str]:
-    """(size, sha256) of ``path``; ``durable``: fsync it too, so what was hashed is on disk."""
-    return DirectoryTarget(path.parent).digest(path, durable)
 
 
 def _inner_class(name: Any) -> type:

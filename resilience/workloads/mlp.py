@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..core.device import rank_device
 from ..core.case import WorkloadSpec
+from ..core.device import rank_device
 from ..core.topology import Topology
 from .base import TrainableWorkload
 from .data import ShuffledSampler, synthetic_dataset
@@ -72,7 +72,8 @@ class MLPWorkload(TrainableWorkload):
         local = indices[start:start + self.local_batch]
         self.last_samples = local.tolist()  # the rows gathered below: what this step trains on
         if self.spec.rank_rng == "same":
-            noise = torch.randn(self.spec.global_batch, self.input_dim, generator=self.rng)[start:start + self.local_batch]
+            noise = torch.randn(self.spec.global_batch, self.input_dim, generator=self.rng)
+            noise = noise[start:start + self.local_batch]
         else:
             noise = torch.randn(self.local_batch, self.input_dim, generator=self.rng)
         local = local.to(self.device)  # the data order and the noise stream stay on the CPU

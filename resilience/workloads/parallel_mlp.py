@@ -89,8 +89,9 @@ class TensorParallelMLP(Workload):
         for block in self.blocks:
             layer = torch.nn.Module()
             for name in BLOCK_PARAMS[block]:
-                full_tensor = getattr(full[block], name.split(".")[1]).detach()
-                layer.register_parameter(name.split(".")[1], torch.nn.Parameter(self.shard(name, full_tensor).to(self.device)))
+                attribute = name.split(".")[1]
+                full_tensor = getattr(full[block], attribute).detach()
+                layer.register_parameter(attribute, torch.nn.Parameter(self.shard(name, full_tensor).to(self.device)))
             self.model.add_module(f"layer{block + 1}", layer)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.base_lr, foreach=False)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor)

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-
 ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
@@ -30,8 +29,10 @@ def sharded_state_dict(workload: Any, loading: bool = False) -> dict[str, Any]:
     """This rank's sharded state dict; ``loading``: with zeroed Adam moments of the right shapes
     (a fresh process has none yet, as Megatron's ``init_state_fn`` fills them before a load)."""
     from megatron.core.dist_checkpointing import ShardedTensor
-    from megatron.core.dist_checkpointing.optimizer import (get_param_id_to_sharded_param_map,
-                                                            optim_state_to_sharding_state)
+    from megatron.core.dist_checkpointing.optimizer import (
+        get_param_id_to_sharded_param_map,
+        optim_state_to_sharding_state,
+    )
 
     topology, coords = workload.topology, workload.coords
     model = {}

@@ -58,7 +58,8 @@ class DuplicateFile(DamageAfterSave):
         if is_selector(self.spec.params["source"]):
             return counterpart(target, self.tracer.resolve(self.spec.params["source"]), self.env.checkpoint_dir)
         before = self._before or {}
-        matching = {r: identity for r, identity in self.identities().items() if fnmatchcase(r, self.spec.params["source"])}
+        matching = {r: identity for r, identity in self.identities().items()
+                    if fnmatchcase(r, self.spec.params["source"])}
         sources = sorted(r for r, identity in matching.items() if before.get(r) != identity) or sorted(matching)
         if len(sources) != 1:
             raise ValueError(f"fault.source {self.spec.params['source']!r} must match exactly one file written "

@@ -16,8 +16,17 @@ from typing import Any, Callable
 
 from ...disk.interception import STAGING_PREFIX
 from ...disk.io_trace import NamespaceHooks, TraceWriter
-from ...disk.trace_targets import (TRACE_DIR, TraceTarget, is_selector, parse_target, pointer_text, rank_files,
-                                  saved_steps, stale_text, top_directories)
+from ...disk.trace_targets import (
+    TRACE_DIR,
+    TraceTarget,
+    is_selector,
+    parse_target,
+    pointer_text,
+    rank_files,
+    saved_steps,
+    stale_text,
+    top_directories,
+)
 
 DECISION = "pointer.json"  # the restart's decision: which file is the pointer, what it said
 
@@ -117,15 +126,3 @@ class SaveTracer:
         if new is None:
             return {"file": relative, "why": f"its text names neither the step-{self.step} save's directory nor step"}
         return {"file": relative, "old": text, "new": new, "older_step": older}
-
-    def decision(self) -> dict | None:
-        path = self.directory / DECISION
-        return json.loads(path.read_text()) if path.exists() else None
-
-    def first_reads(self) -> dict[int, str]:
-        found = {}
-        for rank in range(self.env.world_size):
-            path = self.directory / f"first_read_rank{rank}"
-            if path.exists():
-                found[rank] = path.read_text()
-        return found

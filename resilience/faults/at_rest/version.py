@@ -3,10 +3,11 @@ framework between save and restore (the seed: "version upgrades may make checkpo
 
 On every rank, right after its save for ``step`` returned, the strategy rewrites the version
 stamp its files carry (its format version, DeepSpeed's ``ds_version``, ...) to an ``older`` or
-``newer`` one. A strategy that cannot (no `Capability.VERSION_STAMP`) is read by behaviour instead: each
-rank rewrites every version field (a key naming a version, at the top of a saved mapping or one
-level down) in the torch files it wrote during that save, as its IO trace shows them. The scenario states whether the restore refuses (loud) or loads and recovers.
-A real cross-version restore runs the restart under other packages instead (``restart.packages``).
+``newer`` one. A strategy that cannot (no `Capability.VERSION_STAMP`) is read by behaviour instead:
+each rank rewrites every version field (a key naming a version, at the top of a saved mapping or
+one level down) in the torch files it wrote during that save, as its IO trace shows them. The
+scenario states whether the restore refuses (loud) or loads and recovers. A real cross-version
+restore runs the restart under other packages instead (``restart.packages``).
 """
 from __future__ import annotations
 

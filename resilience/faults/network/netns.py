@@ -77,7 +77,7 @@ def remove_stale_namespaces() -> list[str]:
     return stale
 
 
-class Topology:
+class NamespaceWiring:
     """One case's namespaces: a switch with a bridge, and one namespace per member wired to it.
 
     Members are ranks (``member="r"``: the network faults) or whole nodes (``member="n"``:

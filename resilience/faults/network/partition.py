@@ -42,9 +42,9 @@ from typing import Any, ClassVar
 from ...core.elastic_layout import NODE_ENV, NODE_NAMESPACE_ENV
 from ...errors import NetworkError
 from ..base import CaseEnvironment, Fault, FaultUnavailable, RankEnvironment
-from .netns import BRIDGE, IFNAME, SUBNET, Topology, join_namespace, remove_stale_namespaces, run_command
+from .netns import BRIDGE, IFNAME, SUBNET, NamespaceWiring, join_namespace, remove_stale_namespaces, run_command
 
-__all__ = ["NetworkError", "NetworkFault", "Partition", "Throttle", "Topology"]
+__all__ = ["NamespaceWiring", "NetworkError", "NetworkFault", "Partition", "Throttle"]
 
 RECORD = "network.json"
 ACK = signal.SIGUSR2  # harness -> trigger rank: the impairment is in place
@@ -63,7 +63,7 @@ class NetworkFault(Fault):
 
     def __init__(self, spec):
         super().__init__(spec)
-        self.topology: Topology | None = None
+        self.wiring: NamespaceWiring | None = None
         self.record: dict[str, Any] = {}
         self.applied_at: float | None = None
         self.lifted_at: float | None = None
@@ -94,17 +94,17 @@ class NetworkFault(Fault):
             self.record = {"kind": self.kind, "node": os.environ.get(NODE_ENV), **self.node_link}
             return
         stale = remove_stale_namespaces()
-        self.topology = Topology(env.case.workload.world_size)
+        self.wiring = NamespaceWiring(env.case.workload.world_size)
         placement, world = env.case.placement, env.case.workload.world_size
         node = placement.node_of(self.trigger.rank)
         self.impaired = (tuple(r for r in range(world) if placement.node_of(r) == node)
                          if self.spec.params.get("scope") == "node" else (self.trigger.rank,))
         try:
-            self.topology.create()
+            self.wiring.create()
             self.probe()
         except NetworkError as exc:  # e.g. no CAP_NET_ADMIN in a container, no bridge or tbf in the kernel
             raise FaultUnavailable(f"{self.kind}: cannot build the rank network here: {exc}") from None
-        self.record = {"kind": self.kind, "switch": self.topology.switch, "ranks": self.topology.ranks,
+        self.record = {"kind": self.kind, "switch": self.wiring.switch, "ranks": self.wiring.ranks,
                        "subnet": f"{SUBNET}.0/24", "stale_removed": stale, "impaired": list(self.impaired)}
         self._write(env)
 
@@ -127,18 +127,18 @@ class NetworkFault(Fault):
     def heal(self, env: CaseEnvironment) -> None:
         if self.applied_at is not None and self.lifted_at is None:  # the first run ended first
             self._lift_all()
-        if self.topology is None and self.node_link is None:
+        if self.wiring is None and self.node_link is None:
             return
         self.record.update(applied_at=self.applied_at, lifted_at=self.lifted_at,
-                           counters=self.topology.counters() if self.topology else None)
+                           counters=self.wiring.counters() if self.wiring else None)
         self._write(env)
 
     def teardown(self, env: CaseEnvironment) -> None:
         if self.node_link is not None:
             self.heal(env)  # under torchrun the first run's end is not the driver's to see: lift now at the latest
-        if self.topology is None:
+        if self.wiring is None:
             return
-        left = self.topology.destroy()
+        left = self.wiring.destroy()
         self.record.update(removed=not left)
         self._write(env)
         if left:
@@ -153,7 +153,7 @@ class NetworkFault(Fault):
 
     def _links(self) -> list[dict]:
         """The links the impairment acts on: the impaired ranks', or the node's one."""
-        return [self.node_link] if self.node_link is not None else [self.topology.ranks[r] for r in self.impaired]
+        return [self.node_link] if self.node_link is not None else [self.wiring.ranks[r] for r in self.impaired]
 
     def _lift_all(self) -> None:
         for link in self._links():
@@ -220,13 +220,13 @@ class Partition(NetworkFault):
                 "}\n")
 
     def probe(self) -> None:
-        run_command(["ip", "netns", "exec", self.topology.switch, "nft", "-f", "-"], self.rules(("10.0.0.1",)))
-        run_command(["ip", "netns", "exec", self.topology.switch, "nft", "delete", "table", "inet", NFT_TABLE])
+        run_command(["ip", "netns", "exec", self.wiring.switch, "nft", "-f", "-"], self.rules(("10.0.0.1",)))
+        run_command(["ip", "netns", "exec", self.wiring.switch, "nft", "delete", "table", "inet", NFT_TABLE])
 
     def apply(self, link: dict) -> None:
         # a node's ranks keep talking to each other (one machine); only other nodes are cut off
-        mates = tuple(self.topology.ranks[rank]["address"] for rank in self.impaired
-                      if self.topology.ranks[rank] is not link) if len(self.impaired) > 1 and self.topology else ()
+        mates = tuple(self.wiring.ranks[rank]["address"] for rank in self.impaired
+                      if self.wiring.ranks[rank] is not link) if len(self.impaired) > 1 and self.wiring else ()
         run_command(["ip", "netns", "exec", link["namespace"], "nft", "-f", "-"], self.rules(mates))
 
     def lift(self, link: dict) -> None:
@@ -246,11 +246,11 @@ class Throttle(NetworkFault):
         return ["tbf", "rate", f"{rate:g}kbit", "burst", str(burst), "latency", "1s"]
 
     def _ends(self, link: dict) -> list[tuple[str, str]]:
-        return [(link["namespace"], link["ifname"]), (self.topology.switch, link["port"])]
+        return [(link["namespace"], link["ifname"]), (self.wiring.switch, link["port"])]
 
     def probe(self) -> None:
-        run_command(["tc", "-n", self.topology.switch, "qdisc", "add", "dev", BRIDGE, "root"] + self._tbf())
-        run_command(["tc", "-n", self.topology.switch, "qdisc", "del", "dev", BRIDGE, "root"])
+        run_command(["tc", "-n", self.wiring.switch, "qdisc", "add", "dev", BRIDGE, "root"] + self._tbf())
+        run_command(["tc", "-n", self.wiring.switch, "qdisc", "del", "dev", BRIDGE, "root"])
 
     def apply(self, link: dict) -> None:
         for namespace, device in self._ends(link):

@@ -64,8 +64,8 @@ class GilHang(Fault):
                 holder = HOLDER_FRAME.search(tail)
                 if holder:
                     found.append(f"rank {event['rank']} in {phase.name}: GIL held by {holder['head']} in hold_gil "
-                                 f"(faults/process/gil_hang.py:{holder['line']}, libc sleep through ctypes.PyDLL), as its "
-                                 f"faulthandler dump shows")
+                                 f"(faults/process/gil_hang.py:{holder['line']}, libc sleep through ctypes.PyDLL), "
+                                 "as its faulthandler dump shows")
                 else:
                     found.append(f"rank {event['rank']} in {phase.name}: GIL held by thread {HOLDER} from "
                                  f"{event['phase']} of step {event['step']}; no stack dump (the group was torn down "

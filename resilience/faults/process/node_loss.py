@@ -28,8 +28,8 @@ from ...core.janitor import signal_process, stop_all
 from ...core.topology import NODE_LOCAL
 from ...errors import ScenarioError
 from ..base import CaseEnvironment
-from .kill import Kill
 from ..network.netns import is_in_namespace, processes_in_my_namespace
+from .kill import Kill
 
 PR_SET_PDEATHSIG = 1
 GONE_WAIT_S = 5.0

@@ -17,8 +17,8 @@ import signal
 import time
 from typing import Any, ClassVar
 
-from ...disk.interception import InterceptedFile
 from ...core.preemption import EMERGENCY_PHASE, sigterm_received
+from ...disk.interception import InterceptedFile
 from ..base import Fault, WriteListener
 
 SIGTERM_TIMEOUT_S = 60.0  # how long the trigger rank waits for the harness's SIGTERM

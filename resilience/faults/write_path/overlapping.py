@@ -3,11 +3,12 @@
 A job that checkpoints often with a save that finishes in the background (DCP ``async_save``
 each step) has more than one save in flight whenever storage is slower than training. The fault
 makes that state certain instead of a race: from the step-``step`` save on, the trigger rank's
-writes of files matching ``file`` (the saves from that step on) stall (its storage stops answering), so no save of its from then on finishes;
-at the start of the first train step at which ``in_flight`` (default 2) of its saves are in
-flight, it is SIGKILLed. A strategy that waits for the previous save before the next never gets
-there: it waits in that save instead (its own timeout, or the phase deadline, decides). The
-restart shows which checkpoint survived; the oracle verifies it bitwise.
+writes of files matching ``file`` (the saves from that step on) stall (its storage stops
+answering), so no save of its from then on finishes; at the start of the first train step at
+which ``in_flight`` (default 2) of its saves are in flight, it is SIGKILLed. A strategy that waits
+for the previous save before the next never gets there: it waits in that save instead (its own
+timeout, or the phase deadline, decides). The restart shows which checkpoint survived; the oracle
+verifies it bitwise.
 """
 from __future__ import annotations
 

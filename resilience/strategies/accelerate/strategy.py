@@ -19,7 +19,6 @@ from typing import Any, ClassVar
 from ...workloads.base import TrainableWorkload, Workload
 from ..base import CheckpointStrategy, TrainingObserver
 
-
 RESUME_ROUTES = ("skip", "stateful")  # skip_first_batches, or DataLoaderConfiguration(use_stateful_dataloader=True)
 
 

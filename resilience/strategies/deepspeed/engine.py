@@ -47,7 +47,7 @@ def import_deepspeed(rank: int, world_size: int) -> None:
     for name, value in (("RANK", rank), ("LOCAL_RANK", rank), ("WORLD_SIZE", world_size),
                         ("LOCAL_WORLD_SIZE", world_size)):
         os.environ[name] = str(value)
-    import deepspeed  # noqa: F401
+    import deepspeed  # noqa: F401 -- imported for its effect: after the environment above, which it reads
 
     without_shared_memory_comm_op()
 
@@ -168,7 +168,7 @@ class ZeroTrainedWorkload(Workload):
             for adam_state in self._adam.state.values():
                 adam_state["step"].fill_(state["optimizer"]["step"])
         self.inner.scheduler.load_state_dict(state["scheduler"])
-        for group, lr in zip(self._adam.param_groups, self.inner.scheduler.get_last_lr()):
+        for group, lr in zip(self._adam.param_groups, self.inner.scheduler.get_last_lr(), strict=False):
             group["lr"] = lr
         self.inner.load_progress_state(state)
         self.engine.global_steps = self.inner.step

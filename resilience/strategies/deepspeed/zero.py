@@ -157,7 +157,8 @@ class ZeroCheckpoint(CheckpointStrategy):
     def load_step(self, workload: Workload, step: int) -> None:
         """``load_checkpoint(dir, tag=...)``: the tag named, whatever ``latest`` says (native route)."""
         if self.restore == "universal":
-            raise NotImplementedError("restore: universal converts what latest names; a chosen step needs restore: native")
+            raise NotImplementedError("restore: universal converts what latest names; "
+                                      "a chosen step needs restore: native")
         path, client_state = self.workload.engine.load_checkpoint(str(self.context.checkpoint_dir),
                                                                   tag=self.step_location(step).name)
         if path is None:

@@ -86,7 +86,8 @@ class LightningCheckpoint(CheckpointStrategy):
         examples = len(workload.training_examples()[0])
         epoch_steps = int(self.context.options.get("epoch_steps", 0) or examples // spec.global_batch)
         module = WorkloadModule(workload, spec.global_batch // self.context.world_size,
-                                min(examples, epoch_steps * spec.global_batch), self.context.options.get("dataloader", "plain"))
+                                min(examples, epoch_steps * spec.global_batch),
+                                self.context.options.get("dataloader", "plain"))
         self.workload = LightningTrainedWorkload(spec, workload.rank, workload.world_size, module)
         return self.workload
 

@@ -51,8 +51,8 @@ from ...core.capabilities import Capability
 from ...workloads.base import Workload
 from ..base import CheckpointStrategy
 from .core_cpu import apply_cpu_stubs
-from .lm import agreed_iteration
 from .layout import iteration_dir, write_tracker
+from .lm import agreed_iteration
 
 # megatron-core's StrictHandling values that leave load's return value a state dict
 STRICT_MODES = ("assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpected", "raise_all", "ignore_all")

@@ -39,8 +39,8 @@ import torch.distributed as dist
 from ...workloads.base import Workload
 from ..deepspeed.engine import deepspeed_version, import_deepspeed
 from ..deepspeed.zero import Zero1, load_weights_only
-from .with_deepspeed_engine import TensorParallelGroups, ZeroTrainedTensorParallel
 from .layout import write_tracker
+from .with_deepspeed_engine import TensorParallelGroups, ZeroTrainedTensorParallel
 
 CHECKPOINT_VERSION = 3.0
 CHECKED_ARGS = ("tensor_model_parallel_size", "pipeline_model_parallel_size")  # checkpointing.py:80-82

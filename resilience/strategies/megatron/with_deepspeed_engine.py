@@ -88,9 +88,10 @@ class ZeroTrainedTensorParallel(ZeroTrainedWorkload):
 
     def full_state(self) -> dict[str, Any]:
         shard = self.state_dict()
-        held = {name: {"param": value, **({"step": torch.tensor(shard["optimizer"]["step"]),
-                                             **{key: shard["optimizer"][key][name] for key in ("exp_avg", "exp_avg_sq")}}
-                                          if shard["optimizer"] else {})}
+        held = {name: {"param": value,
+                       **({"step": torch.tensor(shard["optimizer"]["step"]),
+                           **{key: shard["optimizer"][key][name] for key in ("exp_avg", "exp_avg_sq")}}
+                          if shard["optimizer"] else {})}
                 for name, value in shard["model"].items()}
         return self.inner.full_state(held)
 

@@ -34,11 +34,19 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from ...workloads.base import TrainableWorkload, Workload
 from ...core.capabilities import Capability
+from ...workloads.base import TrainableWorkload, Workload
 from ..base import CheckpointStrategy, StrategyContext
-from .dcp_objects import (METADATA, STEP_DIR, committed_steps_at, missing_client, object_reader, object_storage_problem, object_writer,
-                          part_size_problem)
+from .dcp_objects import (
+    METADATA,
+    STEP_DIR,
+    committed_steps_at,
+    missing_client,
+    object_reader,
+    object_storage_problem,
+    object_writer,
+    part_size_problem,
+)
 
 MODES = ("sync", "async")
 STORAGES = ("filesystem", "fsspec", "s3torchconnector")
@@ -130,10 +138,7 @@ class FsdpTrainedWorkload(Workload):
         self.inner.load_progress_state(state["progress"])
 
     def state_dict(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         model, optimizer = get_state_dict(self.model, self.optimizer,
                                           options=StateDictOptions(full_state_dict=True))
@@ -146,10 +151,7 @@ class FsdpTrainedWorkload(Workload):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The trusted restore of a reference snapshot through torch's full-state-dict API, which
         shards each full tensor locally: never through DCP, which is what is under test."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))

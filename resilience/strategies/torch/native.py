@@ -68,8 +68,8 @@ def load_checked(path: Path | str, check_version: bool, target: CheckpointTarget
     state = target.load(path) if target is not None else torch.load(path, weights_only=True)
     versions = state.pop(STAMP_KEY, None)
     if check_version and (not isinstance(versions, dict) or versions.get("format") != FORMAT_VERSION):
-        raise RuntimeError(f"{str(path).rsplit('/', 1)[-1]}: checkpoint stamped {versions}; this reader understands format "
-                           f"{FORMAT_VERSION} (torch {torch.__version__})")
+        raise RuntimeError(f"{str(path).rsplit('/', 1)[-1]}: checkpoint stamped {versions}; "
+                           f"this reader understands format {FORMAT_VERSION} (torch {torch.__version__})")
     return state
 
 

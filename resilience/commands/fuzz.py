@@ -2,17 +2,32 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from hypothesis import settings
 
-from ..scenario.strategy_options import parse_options
-from ..errors import ResilienceError
 from ..core.case import VerdictKind
-from .models import model_for
-from .search import Counterexample, process_property, run_fast, write_scenario
+from ..errors import ResilienceError
+from ..fuzz.models import model_for
+from ..fuzz.search import Counterexample, process_property, run_fast, write_scenario
+from ..scenario.strategy_options import parse_options
 
 
-def fuzz_command(args: argparse.Namespace) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--strategy", required=True, help="built-in name or package.module:Class")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a strategy option (VALUE read as YAML), repeatable")
+    parser.add_argument("--examples", type=int, default=None, help="Hypothesis examples (default: the profile's)")
+    parser.add_argument("--profile", choices=("ci", "long"), default="ci")
+    parser.add_argument("--storage", choices=("shared", "node_local", "any"), default="any")
+    parser.add_argument("--tier", choices=("fast", "processes"), default="fast",
+                        help="fast: the strategy's restore model, thousands of rank maps a second; "
+                             "processes: real ranks through the harness")
+    parser.add_argument("--out", type=Path, default=Path("fuzz-counterexamples"),
+                        help="where a counterexample is written as a scenario file")
+
+
+def main(args: argparse.Namespace) -> int:
     try:
         options = parse_options(args.option)
         storage = None if args.storage == "any" else args.storage
@@ -41,8 +56,8 @@ def _factory(strategy: str, options: dict):
 
 def _run_processes(args: argparse.Namespace, options: dict, storage: str | None) -> Counterexample | None:
     from ..run.harness import Harness
-    from ..scenario.loader import load_document
     from ..run.reference_cache import ReferenceCache, default_cache_dir
+    from ..scenario.loader import load_document
 
     harness = Harness(cache=ReferenceCache(default_cache_dir()))
     try:

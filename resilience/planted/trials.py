@@ -1,25 +1,22 @@
-"""`resilience planted`: run every planted bug in the case that must catch it, and each catcher with
-the bug's correct twin (the control), then print caught / planted.
-
-``--strategy TARGET`` plants bugs of your own (any strategy written against the contract): each meets
-the catchers cheapest first until one catches it (``--all``: every catcher). The exit status is 0
-when every planted bug is caught and every control accepted.
+"""The planted-bug catalogue's runs: one strategy in one catcher (`run_trial`, judged as `Trial`:
+caught, accepted, not applicable or error), every built-in bug with its correct twin as the control
+(`run_catalogue`), a strategy of the user's against the catchers cheapest first (`audit`), and the
+caught / planted line (`summary`). `resilience planted` (`resilience.commands.planted`) prints them;
+`resilience audit` (`resilience.planted.auditor`) judges its drawn scenarios with `run_trial` too.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
+from ..core.case import VerdictKind
 from ..errors import ResilienceError, ScenarioError, Unavailable
 from ..run.harness import Harness
 from ..scenario.loader import load_document
-from ..core.case import VerdictKind
-from .catalogue import ASYNC_BUG, BUGS, CATCHERS, STATE_BUG, STORAGE_BUG, TWIN, Catcher, PlantedBug, catcher
+from .catalogue import ASYNC_BUG, CATCHERS, STATE_BUG, STORAGE_BUG, TWIN, Catcher, PlantedBug, catcher
 
 SOURCE = "resilience/planted/catalogue.py"
 CAUGHT, ACCEPTED, NOT_APPLICABLE, ERROR = "caught", "accepted", "not applicable", "error"
@@ -65,7 +62,8 @@ def run_trial(harness: Harness, where: Catcher, strategy: Any, label: str) -> Tr
     if verdict.kind in where.accepts:
         return trial(ACCEPTED, verdict.kind.value, "")
     allowed = " or ".join(sorted(v.value for v in where.accepts))
-    evidence = verdict.findings[0] if verdict.findings else f"{verdict.kind.value} where a correct strategy gives {allowed}"
+    evidence = (verdict.findings[0] if verdict.findings
+                else f"{verdict.kind.value} where a correct strategy gives {allowed}")
     return trial(CAUGHT, verdict.kind.value, evidence)
 
 
@@ -118,8 +116,9 @@ def audit(harness: Harness, strategy: str, every: bool, report: Callable[[str], 
     trials = []
     for where in CATCHERS:
         trials.append(run_trial(harness, where, strategy, strategy))
-        report(f"    {where.name:<18} {trials[-1].judgement:<14} {trials[-1].verdict or '-':<9} {trials[-1].evidence[:120]}")
-        if trials[-1].judgement == CAUGHT and not every:
+        last = trials[-1]
+        report(f"    {where.name:<18} {last.judgement:<14} {last.verdict or '-':<9} {last.evidence[:120]}")
+        if last.judgement == CAUGHT and not every:
             break
     result = BugResult(strategy, "planted by the user", tuple(trials), None)
     report(_line(result))
@@ -148,36 +147,3 @@ def summary(results: list[BugResult]) -> str:
     if distinct_controls:
         text += f"; controls accepted = {accepted}/{len(distinct_controls)}"
     return text
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--strategy", action="append", default=[], metavar="TARGET",
-                        help="plant a strategy of your own (package.module:Class), repeatable; "
-                             "with it, the built-in catalogue runs only with --catalogue")
-    parser.add_argument("--catalogue", action="store_true", help="run the built-in catalogue with --strategy too")
-    parser.add_argument("--only", action="append", default=[], metavar="BUG",
-                        help="run only this built-in bug, repeatable: " + ", ".join(b.name for b in BUGS))
-    parser.add_argument("--all", action="store_true", help="run a --strategy in every catcher, not only "
-                                                           "until the first catch")
-    parser.add_argument("--no-controls", action="store_true", help="skip the correct twins")
-    parser.add_argument("--json", type=Path, help="also write every trial to this file")
-
-
-def main(args: argparse.Namespace, harness: Harness) -> int:
-    unknown = sorted(set(args.only) - {b.name for b in BUGS})
-    if unknown:
-        print(f"ERROR --only: unknown planted bug {', '.join(unknown)}; "
-              f"allowed: {', '.join(b.name for b in BUGS)}", flush=True)
-        return 2
-    report = lambda line: print(line, flush=True)
-    results: list[BugResult] = []
-    if args.catalogue or args.only or not args.strategy:
-        bugs = tuple(b for b in BUGS if not args.only or b.name in args.only)
-        results += run_catalogue(harness, bugs, not args.no_controls, report)
-    for strategy in args.strategy:
-        report(f"planted {strategy}:")
-        results.append(audit(harness, strategy, args.all, report))
-    print(summary(results), flush=True)
-    if args.json:
-        args.json.write_text(json.dumps([asdict(r) | {"caught": r.caught} for r in results], indent=1))
-    return 0 if all(r.caught and r.control_ok for r in results) else 1

@@ -1,13 +1,10 @@
-"""`resilience audit --strategy TARGET`: Hypothesis draws whole scenarios (`fuzz.audit`), real ranks
-run each, and the first one the strategy fails is shrunk and written as a scenario file with the
-command that replays it. Exit status 1 when one was found, 0 when the budget found none.
-
-With ``--control TARGET`` (the strategy's correct twin) a draw the strategy fails counts only if
-the twin passes it: a draw both fail shows a weakness of the fault's kind (a bit flip in a format
-without checksums), not of the change under audit; it is reported apart and the search goes on."""
+"""The audit's judge (`resilience audit`, `resilience.commands.audit`): each scenario Hypothesis draws
+(`fuzz.audit`) becomes a catcher and the strategy runs in it in real ranks, judged as the planted
+bugs are (`planted.trials.run_trial`). With a control (the strategy's correct twin) a draw the
+strategy fails counts only if the twin passes it; a draw both fail is reported apart.
+"""
 from __future__ import annotations
 
-import argparse
 import zlib
 from pathlib import Path
 from typing import Any
@@ -15,23 +12,9 @@ from typing import Any
 from ..fuzz.audit import FAULTS, Draw, search, shrink
 from ..fuzz.search import write_document
 from .catalogue import Catcher
-from .command import ACCEPTED, CAUGHT, run_trial
+from .trials import ACCEPTED, CAUGHT, run_trial
 
-BUDGETS = {"ci": (8, 12), "long": (200, 60)}  # profile -> (search runs, shrink runs)
 FAILS_CONTROL = "control fails"  # caught, and so is the correct twin: not the audited change's failure
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--strategy", required=True, metavar="TARGET", help="built-in name or package.module:Class")
-    parser.add_argument("--profile", choices=sorted(BUDGETS), default="ci",
-                        help="ci: reproducible (seeded by the strategy name), 8 search runs and 12 shrink runs; "
-                             "long: random, 200 and 60")
-    parser.add_argument("--runs", type=int, default=None, help="real runs for the search (default: the profile's)")
-    parser.add_argument("--shrink-runs", type=int, default=None, help="real runs for shrinking (default: the profile's)")
-    parser.add_argument("--control", default=None, metavar="TARGET",
-                        help="the strategy's correct twin: a failure counts only where the twin passes the same draw")
-    parser.add_argument("--out", type=Path, default=Path("audit-counterexamples"),
-                        help="where the shrunk scenario is written")
 
 
 def catcher_of(draw: Draw) -> Catcher:
@@ -75,7 +58,9 @@ class Auditor:
 
     def audit(self, profile: str, runs: int, shrink_runs: int) -> tuple[Draw | None, int]:
         """The shrunk draw the strategy fails (or None), and the real runs the shrink spent."""
-        counted = lambda: self.real_runs  # noqa: E731
+        def counted() -> int:
+            return self.real_runs
+
         found = search(self.judge, profile, runs, zlib.crc32(self.strategy.encode()), counted)
         if found is None:
             return None, 0
@@ -85,19 +70,3 @@ class Auditor:
     def write(self, found: Draw, directory: Path) -> Path:
         document = catcher_of(found).scenario(self.strategy, f"resilience audit of {self.strategy}")
         return write_document(directory, "audit", self.strategy, document)
-
-
-def main(args: argparse.Namespace, harness) -> int:
-    search_runs, shrink_runs = BUDGETS[args.profile]
-    auditor = Auditor(harness, args.strategy, args.control, lambda line: print(line, flush=True))
-    found, spent = auditor.audit(args.profile, args.runs or search_runs, args.shrink_runs or shrink_runs)
-    ran = auditor.real_runs
-    for draw in auditor.control_failures():
-        print(f"failed by the control {args.control} too, not counted: {draw.describe()}", flush=True)
-    if found is None:
-        print(f"no failing scenario in {ran} runs for {args.strategy}", flush=True)
-        return 0
-    path = auditor.write(found, args.out)
-    print(f"smallest failing scenario ({ran - spent} search runs, {spent} shrink runs): {found.describe()}\n"
-          f"replay: python -m resilience run {path}", flush=True)
-    return 1
