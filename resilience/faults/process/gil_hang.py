@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 HOLDER = "gil-holder"
 HOLDER_FRAME = re.compile(r'^(?P<head>Thread 0x[0-9a-f]+)[^\n]*\n(?:\s+File [^\n]*\n)*?\s+File "(?P<path>[^"]*'
-                          r'faults/gil_hang\.py)", line (?P<line>\d+) in hold_gil', re.M)
+                          r'faults/process/gil_hang\.py)", line (?P<line>\d+) in hold_gil', re.M)
 
 
 def hold_gil(seconds: int, holding: threading.Event) -> None:
