@@ -46,7 +46,7 @@ def job_environment(cluster: LocalCluster) -> dict[str, str]:
 def cluster(tmp_path):
     root = tmp_path / "slurm"
     cluster = LocalCluster(root, nodes=3)
-    prefix = cluster.machines.topology.prefix
+    prefix = cluster.machines.wiring.prefix
     try:
         yield cluster.start()
     finally:
@@ -67,7 +67,7 @@ def submit(cluster: LocalCluster, tmp_path: Path, script_text: str) -> tuple[str
 @pytest.mark.slow
 @needs_slurm
 def test_the_docs_slurm_recipe_runs_through_sbatch_on_two_namespaced_nodes(cluster, tmp_path):
-    before = cluster.machines.topology.counters()
+    before = cluster.machines.wiring.counters()
     job_id, cases = submit(cluster, tmp_path, docs_recipe())
     job = cluster.wait(job_id, JOB_TIMEOUT_S)
     output = (cases / f"slurm-{job_id}.out").read_text()
@@ -79,7 +79,7 @@ def test_the_docs_slurm_recipe_runs_through_sbatch_on_two_namespaced_nodes(clust
     case_dir = cases / f"case-{job_id}"
     assert (case_dir / "checkpoints").is_dir()
     # the rendezvous and gloo crossed the namespaces: both nodes' veths carried the all-reduces
-    after = cluster.machines.topology.counters()
+    after = cluster.machines.wiring.counters()
     for node in cluster.nodes[:2]:
         sent = after[node.namespace]["tx_bytes"] - before[node.namespace]["tx_bytes"]
         assert sent > 300_000, f"{node.name} sent only {sent} bytes"
@@ -165,7 +165,7 @@ import sys, time
 from pathlib import Path
 from resilience.launch.slurm_cluster import LocalCluster
 cluster = LocalCluster(Path(sys.argv[1]), nodes=2).start()
-print(cluster.machines.topology.prefix, flush=True)
+print(cluster.machines.wiring.prefix, flush=True)
 time.sleep(600)
 """
 
