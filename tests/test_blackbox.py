@@ -70,9 +70,9 @@ def test_contract_lines_parse_exactly_and_other_output_is_ignored():
 @pytest.mark.parametrize("document, key", [
     ({"kind": "stall", "rank": 0, "step": 1}, "fault.kind"),
     ({"kind": "kill", "rank": -1, "step": 1}, "fault.rank"),
-    ({"kind": "kill", "rank": 0, "step": 1, "phase": "train"}, "fault.phase"),
+    ({"kind": "kill", "rank": 0, "step": 1, "phase": "load"}, "fault.phase"),
     ({"kind": "kill", "rank": 0, "step": 1, "point": "write", "file": "x"}, "fault.after_bytes"),
-    ({"kind": "kill", "rank": 0, "step": 1, "point": "open"}, "fault.file"),
+    ({"kind": "kill", "rank": 0, "step": 1, "point": "open", "file": "/etc/passwd"}, "fault.file"),
     ({"kind": "kill", "rank": 0, "step": 1, "seconds": 3}, "fault.seconds"),
 ])
 def test_a_bad_black_box_fault_names_the_key(document, key):
@@ -84,7 +84,7 @@ def log(rank, losses, saved=(), restored=(), errors=(), fault_events=()):
     return RankLog(rank, dict(losses), tuple(saved), tuple(restored), tuple(errors), tuple(fault_events))
 
 
-REFERENCE = {1: 0.5, 2: 0.4, 3: 0.3, 4: 0.2}
+REFERENCE = [log(rank, {1: 0.5, 2: 0.4, 3: 0.3, 4: 0.2}, saved=[2, 4]) for rank in (0, 1)]
 KILL = {"event": "fault_fired", "ends_process": True, "time": 10.0}
 
 

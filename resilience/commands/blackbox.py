@@ -1,10 +1,11 @@
-"""`resilience blackbox [--fault JSON] [--expect recovers|fails_loudly] SCRIPT [ARGS...]`: qualify a
-training script that prints the log contract, unmodified, under torchrun (`{checkpoint_dir}` in ARGS
+"""`resilience blackbox [--fault JSON] [--expect recovers|fails_loudly] SCRIPT [ARGS...]`: qualify your
+own training script, unmodified, under torchrun (`{checkpoint_dir}` in ARGS
 is replaced by each run's checkpoint directory). Exit status 0 when the verdict is the expected one."""
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 
 from ..core.case import EXPECTED_VERDICT, Outcome
@@ -18,6 +19,10 @@ def add_blackbox_command(sub) -> None:
     command.add_argument("--fault", default='{"kind": "none"}',
                          help='JSON, e.g. {"kind": "kill", "rank": 1, "step": 6} (see README, black-box mode)')
     command.add_argument("--expect", choices=[o.value for o in Outcome], default=Outcome.RECOVERS.value)
+    command.add_argument("--restart-args", help="the restart's own arguments, one string (e.g. "
+                         "'--out {checkpoint_dir} --resume'); default: the first run's")
+    command.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                         help="an environment variable for the script's ranks (repeatable)")
     command.add_argument("--nproc-per-node", type=int, default=2)
     command.add_argument("--max-restarts", type=int, default=1)
     command.add_argument("--timeout", type=float, default=300.0, help="seconds per torchrun launch before HANG")
@@ -33,7 +38,13 @@ def blackbox_main(args: argparse.Namespace) -> int:
     except json.JSONDecodeError as exc:
         print(f"ERROR --fault: not JSON ({exc}); got {args.fault!r}", flush=True)
         return 1
-    job = BlackBoxJob(script=args.script, args=tuple(args.script_args), nproc_per_node=args.nproc_per_node,
+    bad_env = [item for item in args.env if "=" not in item]
+    if bad_env:
+        print(f"ERROR --env: not NAME=VALUE; got {bad_env[0]!r}", flush=True)
+        return 1
+    job = BlackBoxJob(script=args.script, args=tuple(args.script_args),
+                      restart_args=tuple(shlex.split(args.restart_args)) if args.restart_args is not None else None,
+                      env=dict(item.split("=", 1) for item in args.env), nproc_per_node=args.nproc_per_node,
                       max_restarts=args.max_restarts, launch_timeout_s=args.timeout)
     try:
         result = qualify_script(job, fault, work_root=args.workdir, keep=args.keep)

@@ -59,9 +59,10 @@ class FollowedClock:
 
 @dataclass(frozen=True)
 class CaseEnvironment:
-    """What the harness side of a fault may touch: the case's own directories."""
+    """What the harness side of a fault may touch: the case's own directories. ``case`` is None for
+    a user's own script (black-box mode), which has no workload to size a fault by."""
 
-    case: Case
+    case: Case | None
     case_dir: Path
     checkpoint_dir: Path
     object_store: Any = None  # the case's `resilience.objectstore.server.S3Store`, when it has one

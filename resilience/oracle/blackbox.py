@@ -1,19 +1,30 @@
-"""The oracle of black-box mode: a verdict from what a user's script logged (`core.log_contract`), compared
-bitwise with an uninterrupted run of the same script. Same `Verdict` as the harness's oracle; the
-script's state is not visible, so its losses are the whole evidence.
+"""The oracle of black-box mode: a verdict on a user's unmodified script, each rank against the same
+rank of an uninterrupted run of the same script, bitwise. Same `Verdict` and rules as the
+harness's oracle.
+
+The evidence is what the rank hook saw (`rank.step_observer`): per step the loss and a digest of
+the state before it, and the files written under the checkpoint directory; or, where the script
+prints them, the log contract's lines (`core.log_contract`), which take precedence. The restored
+step of a restart is the reference step whose parameters digest the same as the restart's first
+step; the other parts of the digest (optimizer state, RNG streams) then say what else came back.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..core.records import RankError, Verdict
 from . import rules
 from .evidence import earliest_unless_killed, error_from_event
 
+#: digest parts compared after the parameters matched, in the words of a finding
+STATE_PARTS = {"optimizer": "the optimizer state", "torch_rng": "torch's RNG stream",
+               "python_rng": "Python's random stream", "numpy_rng": "NumPy's RNG stream"}
+
 
 @dataclass(frozen=True)
 class RankLog:
-    """What one rank of one incarnation logged, from its event file."""
+    """What one rank of one incarnation did, from its event file. ``losses``, ``saved`` and
+    ``restored`` come from contract lines; ``observed``, ``digests`` and ``written`` from the hooks."""
 
     rank: int
     losses: dict[int, float]
@@ -21,43 +32,123 @@ class RankLog:
     restored: tuple[int, ...]
     errors: tuple[dict, ...]  # its uncaught exceptions
     fault_events: tuple[dict, ...]
+    observed: dict[int, float] = field(default_factory=dict)  # hook step (1, 2, ...) -> loss
+    digests: dict[int, dict[str, str]] = field(default_factory=dict)  # hook step -> part -> digest
+    written: tuple[tuple[str, int, str], ...] = ()  # (file, clock step, clock phase) as each was closed
 
     @classmethod
     def from_events(cls, rank: int, events: list[dict]) -> RankLog:
+        observed = [e for e in events if e["event"] == "observed_step"]
         return cls(rank=rank, losses={e["step"]: e["loss"] for e in events if e["event"] == "loss"},
                    saved=tuple(e["step"] for e in events if e["event"] == "save_returned"),
                    restored=tuple(e["step"] for e in events if e["event"] == "restored"),
                    errors=tuple(e for e in events if e["event"] == "error"),
-                   fault_events=tuple(e for e in events if e["event"] == "fault_fired"))
+                   fault_events=tuple(e for e in events if e["event"] == "fault_fired"),
+                   observed={e["step"]: e["loss"] for e in observed},
+                   digests={e["step"]: e["digest"] for e in observed if "digest" in e},
+                   written=tuple((e["file"], e["step"], e["phase"]) for e in events if e["event"] == "file_written"))
+
+    @property
+    def uses_contract(self) -> bool:
+        return bool(self.losses)
+
+    def step_losses(self, restored: int = 0) -> dict[int, float]:
+        """Loss per step of the run: the contract's steps, or the hooks' counted from ``restored``."""
+        if self.uses_contract:
+            return self.losses
+        return {restored + step: loss for step, loss in self.observed.items()}
+
+    def saved_steps(self) -> set[int]:
+        """Steps whose save returned: the contract's, or a save the rank wrote files in and then
+        trained past (the hooks cannot see a save return otherwise)."""
+        if self.saved or self.uses_contract:
+            return set(self.saved)
+        reached = max(self.observed, default=0)
+        return {step for _, step, phase in self.written if phase == "save" and step < reached}
 
 
-def judge_logs(reference: dict[int, float], first_run: list[RankLog], restart: list[RankLog] | None,
+@dataclass(frozen=True)
+class Restore:
+    """The step each rank of the restart came back at, and what the digests say beyond it."""
+
+    steps: dict[int, int]
+    silent: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def restored_steps(reference: list[RankLog], restart: list[RankLog]) -> Restore:
+    """The contract's ``restored`` lines, or the reference step whose parameters each restarted
+    rank had before its first step."""
+    if any(log.restored for log in restart):
+        return Restore({log.rank: log.restored[0] for log in restart if log.restored})
+    steps, silent, notes = {}, [], []
+    for log in restart:
+        first = log.digests.get(min(log.digests, default=0))
+        if first is None or log.rank >= len(reference):
+            continue
+        known = reference[log.rank].digests
+        matches = [step for step, digest in sorted(known.items()) if digest["parameters"] == first["parameters"]]
+        if not matches:
+            silent.append(f"rank {log.rank} trained on after the restart from parameters that match no step of "
+                          "the uninterrupted run")
+            continue
+        step = next((s for s in matches if known[s] == first), matches[0])
+        steps[log.rank] = step - 1
+        # a stream that never moved in the reference is one the script does not use (Python's and
+        # NumPy's are seeded afresh in each process): its value says nothing
+        used = [part for part in STATE_PARTS if len({digest.get(part) for digest in known.values()}) > 1]
+        missing = [part for part in used if part in first and known[step].get(part) != first[part]]
+        if missing:
+            sources = [_matching_step(known, part, first[part]) for part in missing]
+            notes.append(f"rank {log.rank}: parameters restored at step {step - 1}; not restored: " + ", ".join(
+                f"{STATE_PARTS[part]} ({source})" for part, source in zip(missing, sources, strict=True)))
+    return Restore(steps, tuple(silent), tuple(notes))
+
+
+def _matching_step(known: dict[int, dict[str, str]], part: str, value: str) -> str:
+    steps = [step - 1 for step, digest in sorted(known.items()) if digest.get(part) == value]
+    return f"it is the one of step {steps[0]}" if steps else "it matches no step"
+
+
+def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list[RankLog] | None,
                hung: str | None) -> Verdict:
-    """``reference``: the uninterrupted run's loss per step; ``first_run`` and ``restart``: one log per
-    rank (``restart`` None when the job never restarted); ``hung``: the part past its deadline."""
-    final_step = max(reference, default=0)
-    divergence, silent = rules.first_run_divergence({log.rank: log.losses for log in first_run}, reference)
+    """``reference``: the uninterrupted run, one log per rank; ``first_run`` and ``restart``: one
+    log per rank (``restart`` None when the job never restarted); ``hung``: the part past its
+    deadline. Each rank is judged against its own reference."""
+    expected = {log.rank: log.step_losses() for log in reference}
+    final_step = max((max(losses, default=0) for losses in expected.values()), default=0)
+    divergence, silent = None, []
+    for log in first_run:
+        found, lines = rules.first_run_divergence({log.rank: log.step_losses()}, expected.get(log.rank, {}))
+        divergence, silent = divergence or found, silent + lines
+    writers = {log.rank for log in reference if log.written or log.saved} or {log.rank for log in first_run}
     saved: dict[int, set[int]] = {}
     for log in first_run:
-        for step in log.saved:
-            saved.setdefault(step, set()).add(log.rank)
-    complete = rules.newest_complete_save(saved, len(first_run))
+        if log.rank in writers:
+            for step in log.saved_steps():
+                saved.setdefault(step, set()).add(log.rank)
+    complete = rules.newest_complete_save(saved, len(writers))
 
     restored_step, notes = None, []
     if restart:
-        restored = {log.rank: log.restored[0] for log in restart if log.restored}
-        restored_step = restored.get(0)
-        found, notes = rules.restore_findings(restored, complete, False, "the losses after it match")
+        restore = restored_steps(reference, restart)
+        silent += restore.silent
+        notes += restore.notes
+        restored_step = restore.steps.get(0)
+        found, more = rules.restore_findings(restore.steps, complete, False, "the losses after it match")
         silent += found
-        if restored_step is not None:
-            after, found = rules.after_restore_divergence({log.rank: log.losses for log in restart}, reference,
-                                                          restored_step, "restart")
-            divergence = divergence or after
-            silent += found
+        notes += more
+        for log in restart:
+            if log.rank in restore.steps:
+                after, lines = rules.after_restore_divergence(
+                    {log.rank: log.step_losses(restore.steps[log.rank])}, expected.get(log.rank, {}),
+                    restore.steps[log.rank], "restart")
+                divergence, silent = divergence or after, silent + lines
 
     first_error = _first_error(first_run, "first_run") or _first_error(restart or [], "restart")
     if restart and not first_error and not hung:
-        reached = min((max(log.losses, default=restored_step or 0) for log in restart), default=0)
+        reached = min((max(log.step_losses(restored_step or 0), default=restored_step or 0) for log in restart),
+                      default=0)
         if reached < final_step:
             silent.append(f"the restarted job ended at step {reached} without an error; "
                           f"the uninterrupted run reached step {final_step}")

@@ -1,10 +1,13 @@
 """Inside the rank processes of a user's own training script (black-box mode), loaded at interpreter
 start by ``resilience/rank/startup/sitecustomize.py`` when ``RESILIENCE_BLACKBOX`` is set.
 
-It records what the script prints under the log contract (`contract`) into the incarnation's event
-log, with times, and, in the first incarnation only, arms the fault: the rank's place is taken from
-the contract lines it prints (after ``RESILIENCE step=N ...`` the rank is "in the save of step N"
-until its next step line), and checkpoint writes are reached through the interception layer.
+It records what the unmodified script does into the incarnation's event log: its losses, step
+boundaries and state digests through torch's own hooks (`step_observer`), the files it writes
+under the checkpoint directory, its uncaught exception, and the log contract's lines where the
+script prints them (`core.log_contract`: an override for loops the hooks cannot see). It arms the
+fault in the first incarnation (at a restart too, for a fault on the restore's reads), told
+where the rank is by the same hooks: ``train`` of step N from its first backward, ``save`` of step
+N after optimizer step N, the save returned at the next backward.
 """
 from __future__ import annotations
 
@@ -26,7 +29,9 @@ def install(config_text: str) -> None:
     config = json.loads(config_text)
     from ..core.elastic_layout import Incarnation
     from ..core.events import EventLog
-    from ..faults.base import Clock, RankEnvironment, WriteListener
+    from ..faults.base import Clock, RankEnvironment
+    from .fault_arming import arm_in_rank
+    from .step_observer import StepObserver, WrittenFiles
     from .worker import die_with_parent, exception_chain
 
     die_with_parent()  # an unmodified script never asks for it; no rank may outlive the driver
@@ -41,21 +46,14 @@ def install(config_text: str) -> None:
     events = EventLog(directory / f"rank{rank}.events.jsonl", rank)
     events.emit("started", launch=incarnation.launch, restart_count=incarnation.restart)
     clock = Clock()
-    fault = None
-    if config.get("fault") and incarnation.is_first:
-        from ..core import registry
-        from ..core.case import FaultSpec, Trigger
-        from ..disk.interception import Interceptor
-
-        document = config["fault"]
-        spec = FaultSpec(kind=document["kind"], trigger=Trigger(**document["trigger"]), params=document["params"])
-        fault = registry.resolve("fault", spec.kind)(spec)
-        checkpoint_dir = Path(config["checkpoint_dir"])
-        fault.arm(RankEnvironment(rank=rank, world_size=world_size, checkpoint_dir=checkpoint_dir, clock=clock,
-                                  emit=events.emit, case_dir=directory))
-        if isinstance(fault, WriteListener) and fault.needs_interception():
-            Interceptor(checkpoint_dir, [fault]).install()
-    sys.stdout = ContractReader(sys.stdout, events, clock, fault)
+    fault = _armed_fault(config, incarnation)
+    arm_in_rank(fault, RankEnvironment(rank=rank, world_size=world_size, checkpoint_dir=Path(config["checkpoint_dir"]),
+                                       clock=clock, emit=events.emit, case_dir=Path(config["run_dir"]),
+                                       incarnation="first_run" if incarnation.is_first else "restart"),
+                listeners=[WrittenFiles(events.emit, clock)])
+    place = RankPlace(clock, fault)
+    StepObserver(events.emit, place.move, place.save_returned, digest=config.get("digest", True)).install()
+    sys.stdout = ContractReader(sys.stdout, events, place)
     previous_hook = sys.excepthook
 
     def record_error(kind, value, tb):  # the script's uncaught exception: the evidence of LOUD
@@ -68,12 +66,48 @@ def install(config_text: str) -> None:
     sys.excepthook = record_error
 
 
+def _armed_fault(config: dict, incarnation):
+    """The case's fault in the first incarnation; at a restart only a fault that acts on the
+    restore's reads (``arms_at_restart``)."""
+    if not config.get("fault"):
+        return None
+    from ..core import registry
+    from ..core.case import FaultSpec, Trigger
+
+    document = config["fault"]
+    spec = FaultSpec(kind=document["kind"], trigger=Trigger(**document["trigger"]) if document["trigger"] else None,
+                     params=document["params"])
+    fault_class = registry.resolve("fault", spec.kind)
+    return fault_class(spec) if incarnation.is_first or fault_class.arms_at_restart else None
+
+
+class RankPlace:
+    """Where the rank is, from the step hooks or the contract lines (whichever sees it first), and
+    the armed fault told once per place."""
+
+    def __init__(self, clock, fault):
+        self.clock, self.fault = clock, fault
+
+    def move(self, phase: str, step: int) -> None:
+        if (self.clock.phase, self.clock.step) == (phase, step):
+            return
+        self.clock.step, self.clock.phase = step, phase
+        if phase == "save":
+            self.clock.save_step = step
+        if self.fault is not None:
+            self.fault.at(phase, step)
+
+    def save_returned(self, step: int) -> None:
+        if self.fault is not None:
+            self.fault.after_save(None, step)
+
+
 class ContractReader:
     """The script's stdout, passed through unchanged; contract lines also become events (and move
     the rank's clock, where a fault reads it)."""
 
-    def __init__(self, stream, events, clock, fault):
-        self._stream, self._events, self._clock, self._fault = stream, events, clock, fault
+    def __init__(self, stream, events, place):
+        self._stream, self._events, self._place = stream, events, place
         self._pending = ""
 
     def write(self, text: str) -> int:
@@ -95,9 +129,7 @@ class ContractReader:
             return
         if entry.kind == "step":
             self._events.emit("loss", step=entry.step, loss=entry.loss)
-            self._clock.step, self._clock.phase = entry.step, "save"  # its checkpoint comes next, if any
-            if self._fault is not None:
-                self._fault.at("save", entry.step)
+            self._place.move("save", entry.step)  # its checkpoint comes next, if any
         elif entry.kind == "saved":
             self._events.emit("save_returned", step=entry.step)
         else:

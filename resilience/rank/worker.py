@@ -43,10 +43,10 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
     from ..core import registry
     from ..core.device import for_rank, rank_device
     from ..core.preemption import EmergencySave, wanted_by
-    from ..disk.interception import Interceptor
-    from ..faults.base import Clock, RankEnvironment, ReadListener, WriteListener
+    from ..faults.base import Clock, RankEnvironment
     from ..scenario.loader import read_case_file
     from ..strategies.base import StrategyContext
+    from .fault_arming import arm_in_rank
     from .step_loop import HarnessObserver, train_with_harness_loop
 
     torch.set_num_threads(1)  # reductions over several threads change the bits of a sum
@@ -64,20 +64,11 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
     fault_class = registry.resolve("fault", case.fault.kind)
     at_restart = plan.name == RESTART and fault_class.arms_at_restart
     fault = fault_class(case.fault) if plan.inject or at_restart else None
-    if isinstance(fault, WriteListener) and fault.needs_interception():
-        # Only then: torch.save given a path writes from C++, and the real thing should stay real.
-        # and files staged in the rank's $TMPDIR (named "$TMPDIR/..." to fault globs)
-        Interceptor(checkpoint_dir, [fault], staging=Path(os.environ["TMPDIR"])).install()
-    if fault:
-        fault.arm(RankEnvironment(rank=rank, world_size=plan.world_size, checkpoint_dir=checkpoint_dir,
-                                  clock=clock, emit=events.emit, case_dir=Path(plan.case_file).parent,
-                                  incarnation="restart" if at_restart else "first_run",
-                                  checkpoint_url=plan.object_store["url"] if plan.object_store else None))
-    # asked once armed: it may depend on the incarnation
-    if isinstance(fault, ReadListener) and fault.needs_read_interception():
-        from ..disk.read_interception import ReadInterceptor
-
-        ReadInterceptor(checkpoint_dir, [fault]).install()
+    arm_in_rank(fault, RankEnvironment(rank=rank, world_size=plan.world_size, checkpoint_dir=checkpoint_dir,
+                                       clock=clock, emit=events.emit, case_dir=Path(plan.case_file).parent,
+                                       incarnation="restart" if at_restart else "first_run",
+                                       checkpoint_url=plan.object_store["url"] if plan.object_store else None),
+                staging=Path(os.environ["TMPDIR"]))  # files staged in $TMPDIR are "$TMPDIR/..." to fault globs
 
     if fault and fault.reaches_helpers():
         from .helper_hook import expose, follow_forks

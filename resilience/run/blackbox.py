@@ -4,51 +4,65 @@
                             fault={"kind": "kill", "rank": 1, "step": 6})
 
 1. reference: the script runs once under torchrun without a fault, into a checkpoint directory of
-   its own, and its logged losses are the oracle;
+   its own; what each rank did (losses, state digests, files written: `rank.step_observer`) is
+   that rank's oracle;
 2. the job: the same command with the fault armed in the first incarnation by the startup hook
-   (`blackbox_hook`, through ``sitecustomize``): the elastic agent restarts the group after the
-   fault and the script resumes from its own checkpoints; a job that ends without a restart (no
-   fault fired, or restarts ran out) is launched once more, as an operator would;
-3. the verdict from the lines the script logs (`contract`), bitwise (`blackbox_verdict`).
+   (`rank.blackbox_hook`, through ``sitecustomize``). The elastic agent restarts the group after
+   the fault and the script resumes from its own checkpoints; a job that ends without a restart
+   (no fault fired, or restarts ran out) is launched once more, as an operator would. With
+   ``restart_args``, or a fault that repairs something between the runs (``heal``: a full disk
+   freed), the first launch gets no restart and the second launch is the restart;
+3. the verdict, each rank against its own reference, bitwise (`oracle.blackbox`).
 
 ``{checkpoint_dir}`` in the script's arguments is replaced by the run's checkpoint directory; the
-fault acts on writes under it. Faults: ``kill`` (its trigger's ``phase`` is ``save``: the window
-after the script logs step ``step`` and before its next step, where it saves).
+fault acts on writes under it. Faults: those that need nothing from the script
+(`scenario.script_fault.script_faults`).
+
+The ranks' group is set up by torchrun; with its default, the restarted ranks of an elastic restart
+share the agent's TCP store with the killed ones (torch 2.13: ``dynamic_rendezvous.py:1146``, and
+``rendezvous.py:189`` adds no per-attempt prefix), and a script that calls a plain
+``init_process_group()`` then hangs or fails in gloo's ``connectFullMesh`` on stale addresses:
+every launch here sets ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (a store per round).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core import janitor
+from ..core import janitor, registry
 from ..core.elastic_layout import LAUNCH_ENV, Incarnation, incarnations_in
 from ..core.events import read_events, tail
 from ..core.paths import PROJECT_ROOT
 from ..core.records import Verdict
 from ..errors import HarnessError, ScenarioError
+from ..faults.environment import CaseEnvironment
+from ..faults.roles import HarnessSide
 from ..launch.backend import rank_environment
 from ..oracle.blackbox import RankLog, judge_logs
 from ..rank.helper_hook import STARTUP_DIR
+from ..scenario.script_fault import check_script_fault
 from .supervisor import AgentLaunch, deadline_after, supervise
 
 PLACEHOLDER = "{checkpoint_dir}"
-FAULT_KINDS = ("kill",)
-KILL_POINTS = ("start", "open", "write", "fsync", "close")
 
 
 @dataclass(frozen=True)
 class BlackBoxJob:
-    """The user's command: ``torchrun --nproc-per-node N SCRIPT ARGS...``."""
+    """The user's command: ``torchrun --nproc-per-node N SCRIPT ARGS...``; ``restart_args``: the
+    restart's own arguments (``--resume``), None: the same as the first run's."""
 
     script: Path
     args: tuple[str, ...] = ()
+    restart_args: tuple[str, ...] | None = None
     nproc_per_node: int = 2
     max_restarts: int = 1
+    env: Mapping[str, str] = field(default_factory=dict)
     launch_timeout_s: float = 300.0  # one torchrun launch still running after this long: HANG
     python: str = sys.executable
 
@@ -56,47 +70,35 @@ class BlackBoxJob:
 @dataclass(frozen=True)
 class BlackBoxResult:
     verdict: Verdict
-    reference_losses: dict[int, float]
+    reference: tuple[RankLog, ...]
     first_run: tuple[RankLog, ...]
     restart: tuple[RankLog, ...] | None
     restart_incarnation: Incarnation | None
     work_dir: Path
 
+    @property
+    def reference_losses(self) -> dict[int, float]:
+        """Rank 0's losses in the uninterrupted run."""
+        return self.reference[0].step_losses()
 
-def fault_spec(document: Mapping[str, Any] | None, source: str = "black-box fault") -> dict | None:
+
+def fault_spec(document: Mapping[str, Any] | None, source: str = "black-box fault", world_size: int = 2) -> dict | None:
     """The fault as the startup hook reads it; errors name the key, the bad value and what is allowed."""
-    if document is None or document.get("kind", "none") == "none":
+    spec = check_script_fault(document, source, world_size)
+    if spec.kind == "none":
         return None
-    allowed_keys = ("kind", "rank", "step", "phase", "point", "file", "after_bytes")
-    for key in document:
-        if key not in allowed_keys:
-            raise ScenarioError(source, f"fault.{key}", "unknown key", key, allowed_keys)
-    if document["kind"] not in FAULT_KINDS:
-        raise ScenarioError(source, "fault.kind", "not available in black-box mode", document["kind"],
-                            FAULT_KINDS + ("none",))
-    for key in ("rank", "step"):
-        if not isinstance(document.get(key), int) or document[key] < 0:
-            raise ScenarioError(source, f"fault.{key}", "must be an integer >= 0", document.get(key))
-    phase, point = document.get("phase", "save"), document.get("point", "start")
-    if phase != "save":
-        raise ScenarioError(source, "fault.phase", "a black-box rank is placed by its log lines", phase, ("save",))
-    if point not in KILL_POINTS:
-        raise ScenarioError(source, "fault.point", "unknown point", point, KILL_POINTS)
-    if point != "start" and not document.get("file"):
-        raise ScenarioError(source, "fault.file", f"point {point} needs a file glob under the checkpoint directory")
-    if point == "write" and not isinstance(document.get("after_bytes"), int):
-        raise ScenarioError(source, "fault.after_bytes", "point write needs a byte count", document.get("after_bytes"))
-    trigger = {"rank": document["rank"], "step": document["step"], "phase": phase, "point": point,
-               "file": document.get("file", "*"), "after_bytes": document.get("after_bytes")}
-    return {"kind": document["kind"], "trigger": trigger, "params": {}}
+    return {"kind": spec.kind, "trigger": dataclasses.asdict(spec.trigger) if spec.trigger else None,
+            "params": dict(spec.params)}
 
 
 def qualify_script(job: BlackBoxJob, fault: Mapping[str, Any] | None, *, work_root: Path | None = None,
                    keep: bool = False) -> BlackBoxResult:
-    spec = fault_spec(fault)
+    spec = fault_spec(fault, world_size=job.nproc_per_node)
     if not Path(job.script).is_file():
         raise ScenarioError(str(job.script), "script", "no such file", str(job.script))
     with janitor.temporary_directory("resilience-blackbox-", work_root, keep) as work_dir:
+        if keep:
+            print(f"keeping the run's directory: {work_dir}", flush=True)
         return _BlackBoxRun(job, spec, work_dir.resolve()).run()
 
 
@@ -104,46 +106,74 @@ class _BlackBoxRun:
     def __init__(self, job: BlackBoxJob, fault: dict | None, work_dir: Path):
         self.job, self.fault, self.work_dir = job, fault, work_dir
         (work_dir / "tmp").mkdir()
+        self.harness_side = self._harness_side(fault)
 
     def run(self) -> BlackBoxResult:
         reference_dir = self.work_dir / "reference"
-        hung = self._launch(reference_dir, fault=None, launch=0)
+        hung = self._launch(reference_dir, fault=None, launch=0, args=self.job.args, restarts=0)
         reference = self._logs(reference_dir, Incarnation(0, 0))
-        if hung or any(log.errors for log in reference) or not reference or not reference[0].losses:
-            raise HarnessError(f"the uninterrupted run of {self.job.script} did not complete (or logged no "
-                               "'RESILIENCE step=' lines); its output:\n"
+        if hung or any(log.errors for log in reference) or not reference or not reference[0].step_losses():
+            raise HarnessError(f"the uninterrupted run of {self.job.script} did not complete (or no optimizer "
+                               "step was seen after a backward); its output:\n"
                                f"{tail(reference_dir / 'torchrun.launch0.log')}")
         job_dir = self.work_dir / "job"
-        for launch in (0, 1):
-            hung = self._launch(job_dir, fault=self.fault, launch=launch)
-            if hung or self._restart_incarnation(job_dir):
-                break
-        restart_incarnation = self._restart_incarnation(job_dir)
-        first = self._logs(job_dir, Incarnation(0, 0))
-        restart = self._logs(job_dir, restart_incarnation) if restart_incarnation else None
-        verdict = judge_logs(reference[0].losses, first, restart, hung)
-        return BlackBoxResult(verdict=verdict, reference_losses=reference[0].losses, first_run=tuple(first),
+        env = CaseEnvironment(case=None, case_dir=job_dir, checkpoint_dir=job_dir / "checkpoints")
+        job_dir.mkdir()
+        # a second launch is the restart: for its own arguments, or for a repair between the runs
+        separate = self.job.restart_args is not None or type(self.harness_side).heal is not HarnessSide.heal
+        try:
+            self.harness_side.setup(env)
+            for launch in (0, 1):
+                args = self.job.args if launch == 0 else (self.job.restart_args or self.job.args)
+                restarts = 0 if separate and launch == 0 else self.job.max_restarts
+                hung = self._launch(job_dir, fault=self.fault, launch=launch, args=args, restarts=restarts)
+                if hung or self._restart_incarnation(job_dir):
+                    break
+                self.harness_side.heal(env)
+            restart_incarnation = self._restart_incarnation(job_dir)
+            first = self._logs(job_dir, Incarnation(0, 0))
+            restart = self._logs(job_dir, restart_incarnation) if restart_incarnation else None
+            verdict = judge_logs(reference, first, restart, hung)
+            findings = self.harness_side.findings(env, ()) + self.harness_side.notes(env, ())
+            if findings:
+                verdict = dataclasses.replace(verdict, findings=verdict.findings + tuple(findings))
+        finally:
+            self.harness_side.teardown(env)
+        return BlackBoxResult(verdict=verdict, reference=tuple(reference), first_run=tuple(first),
                               restart=tuple(restart) if restart is not None else None,
                               restart_incarnation=restart_incarnation, work_dir=self.work_dir)
 
-    def command(self, run_dir: Path) -> list[str]:
+    @staticmethod
+    def _harness_side(fault: dict | None) -> HarnessSide:
+        if fault is None:
+            return HarnessSide()
+        from ..core.case import FaultSpec, Trigger
+
+        trigger = Trigger(**fault["trigger"]) if fault["trigger"] else None
+        return registry.resolve("fault", fault["kind"])(FaultSpec(kind=fault["kind"], trigger=trigger,
+                                                                  params=fault["params"]))
+
+    def command(self, run_dir: Path, args: tuple[str, ...], restarts: int) -> list[str]:
         checkpoint_dir = str(run_dir / "checkpoints")
         return [self.job.python, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", str(self.job.nproc_per_node), "--max-restarts", str(self.job.max_restarts),
+                "--nproc-per-node", str(self.job.nproc_per_node), "--max-restarts", str(restarts),
                 "--monitor-interval", "0.1", str(self.job.script),
-                *(arg.replace(PLACEHOLDER, checkpoint_dir) for arg in self.job.args)]
+                *(arg.replace(PLACEHOLDER, checkpoint_dir) for arg in args)]
 
-    def _launch(self, run_dir: Path, fault: dict | None, launch: int) -> str | None:
+    def _launch(self, run_dir: Path, fault: dict | None, launch: int, args: tuple[str, ...],
+                restarts: int) -> str | None:
         """One torchrun launch; the name of the part that hung, or None."""
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         env = rank_environment()
+        env.update(self.job.env)
         env.update({
             "TMPDIR": str(self.work_dir / "tmp"), LAUNCH_ENV: str(launch),
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # see the module's docstring
             "PYTHONPATH": os.pathsep.join([str(STARTUP_DIR), env["PYTHONPATH"]]),
             "RESILIENCE_BLACKBOX": json.dumps({"run_dir": str(run_dir), "checkpoint_dir": str(run_dir / "checkpoints"),
                                                "fault": fault, "project_root": str(PROJECT_ROOT)}),
         })
-        group = AgentLaunch(self.command(run_dir), env, run_dir / f"torchrun.launch{launch}.log",
+        group = AgentLaunch(self.command(run_dir, args, restarts), env, run_dir / f"torchrun.launch{launch}.log",
                             lambda: run_dir.glob("launch*/rank*.events.jsonl"), marker=str(self.work_dir))
         end = supervise(group, deadline_after(self.job.launch_timeout_s), lambda: self._check_contract(run_dir))
         return f"launch {launch} of {run_dir.name}" if end.status == "deadline" else None

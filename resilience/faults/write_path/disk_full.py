@@ -76,6 +76,9 @@ class DiskFull(Fault, WriteListener):
     def setup(self, env: CaseEnvironment) -> None:
         if self.spec.params["via"] != "tmpfs":
             return
+        if env.case is None:
+            raise FaultUnavailable("disk_full via tmpfs sizes its mount by the case's workload; a user's script "
+                                   "has none: use via: quota")
         if os.geteuid() != 0:
             raise FaultUnavailable("disk_full via tmpfs mounts a size-limited tmpfs, which needs root")
         size = _tmpfs_size(env)

@@ -1,0 +1,147 @@
+"""What an unmodified training script does, seen from inside its rank process (black-box mode):
+its losses, its step boundaries, a digest of its state before each step, and the files it writes.
+
+A step is observed through two hooks torch offers every loop:
+
+- ``torch.autograd.backward`` (``Tensor.backward`` calls it) is wrapped; only the outermost call
+  on a one-element tensor counts (activation checkpointing calls it again inside the backward):
+  its value is a micro-loss, as the script computed it (scaled by a ``GradScaler`` or divided by
+  an accumulation count: a fingerprint of this rank, which the reference computes the same way);
+- the global optimizer step hooks (``torch.optim.optimizer.register_optimizer_step_*_hook``):
+  the first optimizer step after at least one backward is the step boundary. Further optimizer
+  steps before the next backward (a second optimizer, one call per parameter group) belong to
+  the same boundary; a ``GradScaler`` that skips a step on overflow skips the boundary, and that
+  step's micro-losses count towards the next.
+
+Before the boundary's optimizer step, the rank's state is digested in parts (`state_digest`): the
+parameters the optimizer steps, its per-parameter state (moments, step counts; not the
+hyperparameters a loop rewrites, such as ``lr``) and the RNG streams. The restored step of a
+restart is the reference step whose parameters digest the same; the other parts then say what
+else came back.
+
+Where the hooks cannot see the loop (closures that call backward inside ``optimizer.step``,
+pipeline schedules that call backward per micro-batch outside autograd's entry point, a loop with
+no torch optimizer) the script's contract lines (`core.log_contract`) still override them.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+import sys
+from typing import Any, Callable
+
+from ..faults.listeners import WriteListener
+
+
+def state_digest(optimizer: Any) -> dict[str, str]:
+    """The optimizer's parameters, its per-parameter state and the RNG streams, each digested."""
+    import torch
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    parts = {"parameters": _tensors_digest(params)}
+    entries = []
+    for p in params:
+        for key, value in sorted(optimizer.state.get(p, {}).items()):
+            entries += [str(key), value if isinstance(value, torch.Tensor) else repr(value)]
+    parts["optimizer"] = _tensors_digest(entries)
+    parts["torch_rng"] = _tensors_digest([torch.get_rng_state()])
+    parts["python_rng"] = hashlib.blake2b(repr(random.getstate()).encode(), digest_size=12).hexdigest()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:  # only where the script imported it: its state is then the script's
+        parts["numpy_rng"] = hashlib.blake2b(repr(numpy.random.get_state()).encode(), digest_size=12).hexdigest()
+    return parts
+
+
+def _tensors_digest(items: list) -> str:
+    import torch
+
+    digest = hashlib.blake2b(digest_size=12)
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            data = item.detach().cpu().contiguous()
+            digest.update(f"{data.dtype}{tuple(data.shape)}".encode())
+            digest.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            digest.update(str(item).encode())
+    return digest.hexdigest()
+
+
+class StepObserver:
+    """Installs the hooks above in one rank process; ``emit`` puts what they see on record and
+    ``on_phase(phase, step)`` / ``on_save_returned(step)`` tell the armed fault where the rank is.
+
+    Call order, main thread: ``install()`` once, before the script's code runs; then torch calls
+    the hooks. The rank's clock: ``train`` of step N from the first backward after boundary N-1;
+    ``save`` of step N from the end of optimizer step N until the next backward (a script saves
+    its checkpoint of step N there); a save of step N returned once the first backward of step
+    N+1 begins.
+    """
+
+    def __init__(self, emit: Callable[..., None], on_phase: Callable[[str, int], None],
+                 on_save_returned: Callable[[int], None], digest: bool = True):
+        self.emit, self.on_phase, self.on_save_returned, self.digest = emit, on_phase, on_save_returned, digest
+        self.steps = 0  # boundaries seen
+        self.micro_losses: list[float] = []
+        self.depth = 0  # nesting of backward calls (any thread: the engine's re-entrant ones too)
+        self.training = False  # between the first backward of a step and its boundary
+        self.at_boundary = False  # inside the boundary's optimizer step
+
+    def install(self) -> None:
+        import torch
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        real_backward = torch.autograd.backward
+
+        def backward(tensors, *args, **kwargs):
+            if self.depth == 0:
+                self._before_backward(tensors)
+            self.depth += 1
+            try:
+                return real_backward(tensors, *args, **kwargs)
+            finally:
+                self.depth -= 1
+
+        torch.autograd.backward = backward
+        register_optimizer_step_pre_hook(self._before_optimizer_step)
+        register_optimizer_step_post_hook(self._after_optimizer_step)
+
+    def _before_backward(self, tensors: Any) -> None:
+        import torch
+
+        loss = tensors if isinstance(tensors, torch.Tensor) else (tensors[0] if len(tensors) == 1 else None)
+        if loss is None or loss.numel() != 1:
+            return
+        if not self.training:
+            if self.steps:
+                self.on_save_returned(self.steps)
+            self.training = True
+            self.on_phase("train", self.steps + 1)
+        self.micro_losses.append(float(loss.detach().float().sum()))
+
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self.training or self.at_boundary:
+            return  # no backward since the last boundary: the same step's second optimizer call
+        self.steps += 1
+        self.at_boundary = True
+        record = {"step": self.steps, "loss": sum(self.micro_losses), "micro_losses": self.micro_losses}
+        if self.digest:
+            record["digest"] = state_digest(optimizer)
+        self.emit("observed_step", **record)
+        self.micro_losses = []
+
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self.at_boundary:
+            return
+        self.at_boundary = self.training = False
+        self.on_phase("save", self.steps)
+
+
+class WrittenFiles(WriteListener):
+    """Every file the script writes under the checkpoint directory, with the step the rank's clock
+    was at when it was closed (a save after step N, or a re-save right after a restore: step 0)."""
+
+    def __init__(self, emit: Callable[..., None], clock: Any):
+        self.emit, self.clock = emit, clock
+
+    def after_close(self, file) -> None:
+        self.emit("file_written", file=file.relative, step=self.clock.step, phase=self.clock.phase)
