@@ -11,7 +11,8 @@ from resilience.core.elastic_layout import Incarnation
 from resilience.core.log_contract import ContractLine, parse_line
 from resilience.errors import ScenarioError
 from resilience.oracle.blackbox import RankLog, judge_logs
-from resilience.run.blackbox import BlackBoxJob, fault_spec, qualify_script
+from resilience.run.blackbox import BlackBoxJob, qualify_script
+from resilience.scenario.script_case import check_script_fault
 
 from .procs import pids_naming
 
@@ -77,7 +78,7 @@ def test_contract_lines_parse_exactly_and_other_output_is_ignored():
 ])
 def test_a_bad_black_box_fault_names_the_key(document, key):
     with pytest.raises(ScenarioError, match=key.replace(".", r"\.")):
-        fault_spec(document)
+        check_script_fault(document, "black-box fault", 2)
 
 
 def log(rank, losses, saved=(), restored=(), errors=(), fault_events=()):

@@ -6,17 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from ..core.case import Case
+from ..core.case import Case, ScriptCase
 from ..core.records import CaseResult
 from ..errors import CaseFailed, HarnessError, ScenarioError, Unavailable
 from ..faults.base import FaultUnavailable
 from ..launch.backend import BACKENDS, DEFAULT_BACKEND
-from ..oracle.outcome import judge_case
+from ..oracle.outcome import judge_case, judge_outcome
 from ..report.text import render
+from ..run.blackbox import describe, run_script_case
 from ..run.harness import Harness
 from ..run.reference_cache import ReferenceCache, default_cache_dir
 from ..scenario.discovery import is_scenario_file
-from ..scenario.loader import load_file
+from ..scenario.loader import load_any_file
 from .case_loop import skips_fail
 
 
@@ -35,6 +36,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "smoke: the scenario's CI tier (tier: smoke)")
     config.addinivalue_line("markers", "scenario: a case from a resilience scenario file")
+    config.addinivalue_line("markers", "script: a case on a user's own training script (black-box mode)")
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):
@@ -54,7 +56,7 @@ def fail_skips_in_ci(report: pytest.TestReport) -> None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
-    if isinstance(item, ScenarioItem):  # only our own items: other suites keep their skips
+    if isinstance(item, (ScenarioItem, ScriptItem)):  # only our own items: other suites keep their skips
         fail_skips_in_ci(outcome.get_result())
 
 
@@ -65,11 +67,21 @@ def marker_name(prefix: str, value: str) -> str:
 class ScenarioFile(pytest.File):
     def collect(self):
         try:
-            scenario = load_file(self.path)
+            scenario = load_any_file(self.path)
         except ScenarioError:
             # A bad file is this file's collection error; the other files still run.
             self.config.option.continue_on_collection_errors = True
             raise
+        if isinstance(scenario, tuple):  # cases on a user's own script
+            for case in scenario:
+                item = ScriptItem.from_parent(self, name=case.id, case=case)
+                item.add_marker(marker_name("fault", case.fault.kind))
+                item.add_marker("scenario")
+                item.add_marker("script")
+                if case.tier == "smoke":
+                    item.add_marker("smoke")
+                yield item
+            return
         for case in scenario.cases:
             item = ScenarioItem.from_parent(self, name=case.id, case=case)
             for marker in (marker_name("strategy", case.strategy.name), marker_name("fault", case.fault.kind)):
@@ -117,6 +129,36 @@ class ScenarioItem(pytest.Item):
             for record in phase.ranks:
                 if record.stderr_tail.strip():
                     self.add_report_section("call", f"{phase.name} rank {record.rank} stderr", record.stderr_tail)
+
+    def repr_failure(self, excinfo, style=None):
+        if excinfo.errisinstance((CaseFailed, HarnessError)):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self):
+        return self.path, None, f"{self.case.name} [{self.case.id}]"
+
+
+class ScriptItem(pytest.Item):
+    """A case on a user's own script: black-box mode (`run.blackbox`), judged by the same rules."""
+
+    def __init__(self, *, case: ScriptCase, **kwargs):
+        super().__init__(**kwargs)
+        self.case = case
+
+    def runtest(self) -> None:
+        options = self.config.option
+        try:
+            result = run_script_case(self.case, work_root=options.resilience_workdir, keep=options.resilience_keep)
+        except FaultUnavailable as exc:
+            pytest.skip(f"fault {self.case.fault.kind} unavailable here: {exc}")
+        self.user_properties.append(("verdict", result.verdict.kind.value))
+        outcome = judge_outcome(self.case, result.verdict, result.fault_fired)
+        if outcome.status == "xfailed":
+            pytest.xfail(outcome.reason)
+        if outcome.status == "failed":
+            raise CaseFailed(f"{self.case.source} [{self.case.id}] {self.case.name}: {outcome.reason}\n"
+                             f"{describe(result)}")
 
     def repr_failure(self, excinfo, style=None):
         if excinfo.errisinstance((CaseFailed, HarnessError)):

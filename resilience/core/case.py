@@ -159,3 +159,31 @@ class Scenario:
     path: str
     name: str
     cases: tuple[Case, ...]
+
+
+@dataclass(frozen=True)
+class ScriptSpec:
+    """A user's own training script, run unmodified under torchrun (black-box mode)."""
+
+    path: str  # absolute, resolved against the scenario file's directory
+    args: tuple[str, ...] = ()  # ``{checkpoint_dir}`` stands for the run's checkpoint directory
+    restart_args: tuple[str, ...] | None = None  # the restart's own arguments (None: ``args``)
+    nproc_per_node: int = 2
+    max_restarts: int = 1
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ScriptCase:
+    """One case on a user's script: a scenario file whose ``script`` replaces strategy and workload."""
+
+    id: str
+    source: str
+    name: str
+    description: str
+    tier: str
+    script: ScriptSpec
+    fault: FaultSpec
+    expect: Expect
+    known_issue: KnownIssue | None
+    timeouts: Timeouts

@@ -70,6 +70,20 @@ class Fault(HarnessSide, RankSide):
         return None
 
     @classmethod
+    def script_problem(cls) -> str | None:
+        """Why a case on a user's own script (black-box mode) cannot take this fault, or None. Such
+        a case offers no strategy (no capability, nothing to ``attach`` to), no supervised ranks and
+        no crash-state exploration; its harness side gets a `CaseEnvironment` without a case."""
+        if cls.requires:
+            return "it needs a capability a strategy declares"
+        if cls.supervises or cls.explores:
+            return "it drives the framework's own ranks from the harness" if cls.supervises else \
+                "it explores crash states through a strategy's restore"
+        if cls.attach is not RankSide.attach:
+            return "it acts on the strategy object"
+        return None
+
+    @classmethod
     def check_strategy(cls, strategy: type) -> tuple[str, str, Any, Any] | None:
         """Whether the fault can act on this strategy class beyond what ``requires`` says: None, or
         what the loader reports."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..core.case import VerdictKind
 from ..core.records import RankError, Verdict
 from . import rules
 from .evidence import earliest_unless_killed, error_from_event
@@ -154,10 +155,27 @@ def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list
                           f"the uninterrupted run reached step {final_step}")
     if restart is None and not (silent or hung or first_error):
         silent.append("the job never restarted, so no restore was tested")
-    return Verdict(kind=rules.worst(silent, hung, first_error),
+    kind = rules.worst(silent, hung, first_error)
+    if kind in (VerdictKind.LOUD, VerdictKind.SILENT):
+        notes += overwritten_notes(first_run, complete)
+    return Verdict(kind=kind,
                    findings=rules.findings(silent, [f"{hung} passed its deadline"] if hung else [], first_error, notes),
                    first_error=first_error, restored_step=restored_step, complete_step=complete,
                    divergence=divergence, hung_phase=hung)
+
+
+def overwritten_notes(first_run: list[RankLog], complete: int) -> list[str]:
+    """The newest complete checkpoint's files that a later save of the first run wrote again (a
+    save in place: nothing intact was left to fall back to)."""
+    kept = {(log.rank, file) for log in first_run for file, step, phase in log.written
+            if phase == "save" and step == complete}
+    later = sorted({(step, file) for log in first_run for file, step, phase in log.written
+                    if phase == "save" and step > complete and (log.rank, file) in kept})
+    if not complete or not later:
+        return []
+    files = ", ".join(sorted({file for _, file in later}))
+    return [f"the newest complete checkpoint (step {complete}) was overwritten in place by the save of step "
+            f"{later[0][0]} ({files}): it no longer existed when the job restarted"]
 
 
 def _first_error(logs: list[RankLog], phase: str) -> RankError | None:

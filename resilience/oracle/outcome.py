@@ -4,8 +4,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..core.case import VerdictKind
-from ..core.records import CaseResult
+from ..core.case import Case, ScriptCase, VerdictKind
+from ..core.records import CaseResult, Verdict
 
 
 @dataclass(frozen=True)
@@ -15,8 +15,12 @@ class CaseOutcome:
 
 
 def judge_case(result: CaseResult) -> CaseOutcome:
-    case, verdict = result.case, result.verdict
-    if case.fault.kind != "none" and not result.fault_fired:
+    return judge_outcome(result.case, result.verdict, result.fault_fired)
+
+
+def judge_outcome(case: Case | ScriptCase, verdict: Verdict, fault_fired: bool) -> CaseOutcome:
+    """A case on the framework's strategies or on a user's script: the same rules."""
+    if case.fault.kind != "none" and not fault_fired:
         return CaseOutcome("failed", f"the {case.fault.kind} fault never fired: its trigger "
                                      f"{case.fault.trigger} was never reached, so the case tested nothing")
     matches = verdict.kind is case.expect.verdict

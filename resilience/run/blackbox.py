@@ -16,7 +16,7 @@
 
 ``{checkpoint_dir}`` in the script's arguments is replaced by the run's checkpoint directory; the
 fault acts on writes under it. Faults: those that need nothing from the script
-(`scenario.script_fault.script_faults`).
+(`scenario.script_case.script_faults`).
 
 The ranks' group is set up by torchrun; with its default, the restarted ranks of an elastic restart
 share the agent's TCP store with the killed ones (torch 2.13: ``dynamic_rendezvous.py:1146``, and
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import janitor, registry
+from ..core.case import FaultSpec, ScriptCase
 from ..core.elastic_layout import LAUNCH_ENV, Incarnation, incarnations_in
 from ..core.events import read_events, tail
 from ..core.paths import PROJECT_ROOT
@@ -46,7 +47,7 @@ from ..faults.roles import HarnessSide
 from ..launch.backend import rank_environment
 from ..oracle.blackbox import RankLog, judge_logs
 from ..rank.helper_hook import STARTUP_DIR
-from ..scenario.script_fault import check_script_fault
+from ..scenario.script_case import check_script_fault
 from .supervisor import AgentLaunch, deadline_after, supervise
 
 PLACEHOLDER = "{checkpoint_dir}"
@@ -77,23 +78,19 @@ class BlackBoxResult:
     work_dir: Path
 
     @property
+    def fault_fired(self) -> bool:
+        return any(log.fault_events for log in self.first_run + (self.restart or ()))
+
+    @property
     def reference_losses(self) -> dict[int, float]:
         """Rank 0's losses in the uninterrupted run."""
         return self.reference[0].step_losses()
 
 
-def fault_spec(document: Mapping[str, Any] | None, source: str = "black-box fault", world_size: int = 2) -> dict | None:
-    """The fault as the startup hook reads it; errors name the key, the bad value and what is allowed."""
-    spec = check_script_fault(document, source, world_size)
-    if spec.kind == "none":
-        return None
-    return {"kind": spec.kind, "trigger": dataclasses.asdict(spec.trigger) if spec.trigger else None,
-            "params": dict(spec.params)}
-
-
 def qualify_script(job: BlackBoxJob, fault: Mapping[str, Any] | None, *, work_root: Path | None = None,
                    keep: bool = False) -> BlackBoxResult:
-    spec = fault_spec(fault, world_size=job.nproc_per_node)
+    """``fault``: a scenario's fault section (``{"kind": "kill", "rank": 1, "step": 6}``)."""
+    spec = check_script_fault(fault, "black-box fault", job.nproc_per_node)
     if not Path(job.script).is_file():
         raise ScenarioError(str(job.script), "script", "no such file", str(job.script))
     with janitor.temporary_directory("resilience-blackbox-", work_root, keep) as work_dir:
@@ -102,11 +99,25 @@ def qualify_script(job: BlackBoxJob, fault: Mapping[str, Any] | None, *, work_ro
         return _BlackBoxRun(job, spec, work_dir.resolve()).run()
 
 
+def run_script_case(case: ScriptCase, *, work_root: Path | None = None, keep: bool = False) -> BlackBoxResult:
+    """A scenario file's case on a user's script; its phase timeout bounds each torchrun launch."""
+    script = case.script
+    job = BlackBoxJob(script=Path(script.path), args=script.args, restart_args=script.restart_args,
+                      nproc_per_node=script.nproc_per_node, max_restarts=script.max_restarts, env=script.env,
+                      launch_timeout_s=case.timeouts.phase_s)
+    with janitor.temporary_directory("resilience-blackbox-", work_root, keep) as work_dir:
+        return _BlackBoxRun(job, case.fault, work_dir.resolve()).run()
+
+
 class _BlackBoxRun:
-    def __init__(self, job: BlackBoxJob, fault: dict | None, work_dir: Path):
-        self.job, self.fault, self.work_dir = job, fault, work_dir
+    def __init__(self, job: BlackBoxJob, fault: FaultSpec, work_dir: Path):
+        self.job, self.work_dir = job, work_dir
+        # as the startup hook reads it
+        self.fault = None if fault.kind == "none" else {
+            "kind": fault.kind, "trigger": dataclasses.asdict(fault.trigger) if fault.trigger else None,
+            "params": dict(fault.params)}
         (work_dir / "tmp").mkdir()
-        self.harness_side = self._harness_side(fault)
+        self.harness_side = registry.resolve("fault", fault.kind)(fault)
 
     def run(self) -> BlackBoxResult:
         reference_dir = self.work_dir / "reference"
@@ -142,16 +153,6 @@ class _BlackBoxRun:
         return BlackBoxResult(verdict=verdict, reference=tuple(reference), first_run=tuple(first),
                               restart=tuple(restart) if restart is not None else None,
                               restart_incarnation=restart_incarnation, work_dir=self.work_dir)
-
-    @staticmethod
-    def _harness_side(fault: dict | None) -> HarnessSide:
-        if fault is None:
-            return HarnessSide()
-        from ..core.case import FaultSpec, Trigger
-
-        trigger = Trigger(**fault["trigger"]) if fault["trigger"] else None
-        return registry.resolve("fault", fault["kind"])(FaultSpec(kind=fault["kind"], trigger=trigger,
-                                                                  params=fault["params"]))
 
     def command(self, run_dir: Path, args: tuple[str, ...], restarts: int) -> list[str]:
         checkpoint_dir = str(run_dir / "checkpoints")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..core.case import Case
 from ..errors import ResilienceError
-from .loader import load_file
+from .loader import is_script_file, load_file
 
 SCENARIO_SUFFIXES = (".scenario.yaml", ".scenario.yml")
 
@@ -33,9 +33,12 @@ def scenario_files(paths: Iterable[str | Path]) -> list[Path]:
 def load_cases(paths: Iterable[str | Path], selected: Callable[[Case], bool] = lambda case: True
                ) -> tuple[list[Case], list[str]]:
     """The selected cases of every scenario file under ``paths``, and the load error of each file
-    that could not be read (each names the file, the key and what is allowed)."""
+    that could not be read (each names the file, the key and what is allowed). Scenarios on a
+    user's script are left out: they run under pytest and ``resilience blackbox``."""
     cases, errors = [], []
     for path in scenario_files(paths):
+        if is_script_file(path):
+            continue
         try:
             cases.extend(c for c in load_file(path).cases if selected(c))
         except ResilienceError as exc:

@@ -12,12 +12,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..core.case import Case, Scenario
+from ..core.case import Case, Scenario, ScriptCase
 from ..errors import ScenarioError
 from .checks import Problems, Validator, parse_size
 from .matrix import MAX_CASES, expand_matrix, set_path
 from .safe_yaml import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES, parse_yaml, read_scenario_text
 from .schema import DEFAULT_TIMEOUTS, RESTART_KEYS, TOP_KEYS, TOPOLOGY_KEYS, TRIGGER_KEYS, WORKLOAD_KEYS
+from .script_case import is_script_document, load_script_document
 from .validate import check_case
 
 __all__ = ["DEFAULT_TIMEOUTS", "MAX_CASES", "MAX_DEPTH", "MAX_FILE_BYTES", "MAX_NODES", "RESTART_KEYS",
@@ -29,12 +30,31 @@ def load_file(path: Path | str) -> Scenario:
     return load_text(read_scenario_text(Path(path)), str(path))
 
 
+def load_any_file(path: Path | str) -> Scenario | tuple[ScriptCase, ...]:
+    """A scenario on the framework's strategies, or the cases of one on a user's script."""
+    document = parse_yaml(read_scenario_text(Path(path)), str(path))
+    if is_script_document(document):
+        return load_script_document(document, str(path))
+    return load_document(document, str(path))
+
+
+def is_script_file(path: Path | str) -> bool:
+    """Whether a scenario file describes a user's script (read without validating it)."""
+    try:
+        return is_script_document(parse_yaml(read_scenario_text(Path(path)), str(path)))
+    except ScenarioError:
+        return False
+
+
 def load_text(text: str, source: str) -> Scenario:
     return load_document(parse_yaml(text, source), source)
 
 
 def load_document(document: Any, source: str) -> Scenario:
     """Every case of the document, or one `ScenarioError` listing each problem of every case."""
+    if is_script_document(document):
+        raise ScenarioError(source, "script", "a scenario on a user's own script runs under pytest (pytest "
+                            "scenarios/) or `resilience blackbox`; this command takes scenarios on strategies")
     problems = Problems(source)
     doc = Validator(source, problems=problems).mapping("", document, TOP_KEYS)
     try:

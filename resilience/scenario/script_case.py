@@ -1,0 +1,140 @@
+"""Cases on a user's own script (black-box mode): a scenario file whose ``script`` section replaces
+``strategy`` and ``workload``, checked by the scenario validator's own rules (fault, expect,
+known_issue, timeouts, matrix) against what is known of a script before it runs.
+
+    script:
+      path: train.py                # relative to the scenario file
+      args: [--out, "{checkpoint_dir}"]
+      restart_args: [--out, "{checkpoint_dir}", --resume]   # optional: the restart's own
+      nproc_per_node: 2
+      env: {NAME: value}
+
+A script offers nothing through the framework's API, so only faults that need nothing from it
+are available (`script_faults`; each fault says why not: ``Fault.script_problem``).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..core import registry
+from ..core.case import FaultSpec, ScriptCase, ScriptSpec
+from ..errors import ScenarioError
+from .checks import Problems, Validator
+from .matrix import expand_matrix, set_path
+from .schema import MAX_WORLD_SIZE
+from .validate import check_expect, check_fault, check_known_issue, check_timeouts
+
+SCRIPT_TOP_KEYS = ("name", "description", "tier", "script", "fault", "expect", "known_issue", "timeouts", "matrix")
+SCRIPT_KEYS = ("path", "args", "restart_args", "nproc_per_node", "max_restarts", "env")
+
+@dataclass(frozen=True)
+class ScriptBounds:
+    """What a trigger on a script is checked against: its world size. Its steps and the steps it
+    saves at are known only once it ran: any step from 1 may be named (a fault whose step the
+    script never reaches says so: ``fault_missed``, or no ``fault_fired``)."""
+
+    world_size: int
+    steps: int = 1_000_000
+
+    @property
+    def checkpoint_steps(self) -> range:
+        return range(1, self.steps + 1)
+
+
+def script_faults() -> tuple[str, ...]:
+    """The registered faults a script can be put under, in registry order."""
+    return tuple(name for name in registry.FAULTS if registry.resolve("fault", name).script_problem() is None)
+
+
+def check_script_fault(document: Any, source: str, world_size: int) -> FaultSpec:
+    """The fault, checked as a scenario's is; errors name ``source``, the key, the bad value and
+    what is allowed."""
+    problems = Problems(source)
+    v = Validator(source, "", problems)
+    spec = v.section("fault", _checked_fault, v, {"kind": "none"} if document is None else document, world_size)
+    problems.raise_any()
+    return spec
+
+def is_script_document(document: Any) -> bool:
+    """Whether a scenario document describes a script (its ``script`` section) rather than a strategy."""
+    return isinstance(document, dict) and "script" in document
+
+
+def load_script_document(document: dict, source: str) -> tuple[ScriptCase, ...]:
+    """Every case of a script scenario, or one `ScenarioError` listing each problem of every case."""
+    problems = Problems(source)
+    doc = Validator(source, problems=problems).mapping("", document, SCRIPT_TOP_KEYS)
+    try:
+        expanded = expand_matrix(source, doc.pop("matrix", None))
+    except ScenarioError as exc:
+        problems.add(exc)
+        raise problems.error() from None
+    cases = []
+    for case_id, overrides in expanded:
+        case_doc = copy.deepcopy(doc)
+        try:
+            for key_path, value in overrides:
+                set_path(source, case_doc, key_path, value)
+        except ScenarioError as exc:
+            problems.add(exc)
+            continue
+        case = check_script_case(case_doc, source, case_id, f" (matrix case {case_id})" if case_id else "", problems)
+        if case is not None:
+            cases.append(case)
+    problems.raise_any()
+    return tuple(cases)
+
+
+def check_script_case(doc: dict, source: str, case_id: str, where: str, problems: Problems) -> ScriptCase | None:
+    v = Validator(source, where, problems)
+    name = v.section("name", v.string, "name", doc.get("name"))
+    description = v.section("description", v.string, "description", doc["description"]) \
+        if doc.get("description") is not None else name
+    tier = v.section("tier", v.choice, "tier", doc.get("tier", "full"), ("smoke", "full"))
+    script = v.section("script", check_script, v, doc.get("script"), Path(source).parent)
+    fault = None
+    if script is not None:
+        fault = v.section("fault", _checked_fault, v, doc.get("fault", {"kind": "none"}), script.nproc_per_node)
+    expect = v.section("expect", check_expect, v, doc.get("expect"))
+    known_issue = None
+    if v.ok("expect"):
+        known_issue = v.section("known_issue", check_known_issue, v, doc.get("known_issue"), expect)
+    timeouts = v.section("timeouts", check_timeouts, v, doc.get("timeouts", {}))
+    if v.found_any:
+        return None
+    return ScriptCase(id=case_id or "case", source=source, name=name, description=description, tier=tier,
+                      script=script, fault=fault, expect=expect, known_issue=known_issue, timeouts=timeouts)
+
+
+def check_script(v: Validator, value: Any, directory: Path) -> ScriptSpec:
+    doc = v.mapping("script", v.required("script", value), SCRIPT_KEYS)
+    path = directory / v.string("script.path", v.required("script.path", doc.get("path")))
+    if not path.is_file():
+        raise v.error("script.path", f"no such file (relative to {directory})", doc.get("path"))
+    args = _strings(v, "script.args", doc.get("args", []))
+    restart_args = None if doc.get("restart_args") is None else _strings(v, "script.restart_args", doc["restart_args"])
+    nproc = v.integer("script.nproc_per_node", doc.get("nproc_per_node", 2), 1, MAX_WORLD_SIZE)
+    restarts = v.integer("script.max_restarts", doc.get("max_restarts", 1), 0, 10)
+    env = v.mapping("script.env", doc.get("env", {}), tuple(doc.get("env", {}) or ()))
+    for key, item in env.items():
+        if not isinstance(item, (str, int, float)) or isinstance(item, bool):
+            raise v.error(f"script.env.{key}", "must be a string or a number", item)
+    return ScriptSpec(path=str(path.resolve()), args=args, restart_args=restart_args, nproc_per_node=nproc,
+                      max_restarts=restarts, env={key: str(item) for key, item in env.items()})
+
+
+def _strings(v: Validator, key: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(item, (str, int, float)) for item in value):
+        raise v.error(key, "must be a list of command-line arguments", value, "a list of strings")
+    return tuple(str(item) for item in value)
+
+
+def _checked_fault(v: Validator, value: Any, world_size: int) -> FaultSpec:
+    kind = value.get("kind") if isinstance(value, dict) else value
+    problem = v.plugin("fault", "fault.kind", kind).script_problem() if isinstance(kind, str) else None
+    if problem:
+        raise v.error("fault.kind", f"not available on a user's script: {problem}", kind, script_faults())
+    return check_fault(v, value, ScriptBounds(world_size))
