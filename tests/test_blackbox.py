@@ -122,3 +122,35 @@ def test_the_cli_qualifies_the_example_without_a_fault_through_a_second_launch(t
     # restores step 12 just the same; the cause is not known yet, so both are accepted and told apart.
     assert "restore in launch1.restart0" in out or "(restart 1 of launch 0)" in out, out
     assert list(tmp_path.iterdir()) == []
+
+
+SCRIPT_SCENARIO = """
+name: a script
+script: {path: SCRIPT, args: [--out, "{checkpoint_dir}"], nproc_per_node: 2}
+fault: FAULT
+expect: recovers
+"""
+
+
+def write_script_scenario(tmp_path, script="train.py", fault="{kind: kill, rank: 1, step: 6}"):
+    (tmp_path / "train.py").write_text("print('hello')\n")
+    path = tmp_path / "s.scenario.yaml"
+    path.write_text(SCRIPT_SCENARIO.replace("SCRIPT", script).replace("FAULT", fault))
+    return path
+
+
+def test_a_script_scenario_loads_its_cases_and_names_the_key_of_each_mistake(tmp_path):
+    from resilience.scenario.discovery import load_cases
+    from resilience.scenario.loader import load_any_file, load_file
+
+    (case,) = load_any_file(write_script_scenario(tmp_path))
+    assert case.script.path == str((tmp_path / "train.py").resolve()) and case.fault.trigger.step == 6
+    assert case.script.args == ("--out", "{checkpoint_dir}") and case.script.restart_args is None
+    with pytest.raises(ScenarioError, match=r"script\.path: no such file"):
+        load_any_file(write_script_scenario(tmp_path, script="missing.py"))
+    with pytest.raises(ScenarioError, match=r"fault\.kind: not available on a user's script: it drives"):
+        load_any_file(write_script_scenario(tmp_path, fault="{kind: stall, rank: 0, step: 2, seconds: 1}"))
+    path = write_script_scenario(tmp_path)
+    with pytest.raises(ScenarioError, match=r"script: a scenario on a user's own script runs under pytest"):
+        load_file(path)
+    assert load_cases([tmp_path]) == ([], [])  # the strategy commands leave it out

@@ -149,7 +149,10 @@ class ScriptItem(pytest.Item):
     def runtest(self) -> None:
         options = self.config.option
         try:
-            result = run_script_case(self.case, work_root=options.resilience_workdir, keep=options.resilience_keep)
+            cache = None if options.resilience_no_cache else ReferenceCache(
+                options.resilience_cache or default_cache_dir())
+            result = run_script_case(self.case, work_root=options.resilience_workdir, keep=options.resilience_keep,
+                                     cache=cache)
         except FaultUnavailable as exc:
             pytest.skip(f"fault {self.case.fault.kind} unavailable here: {exc}")
         self.user_properties.append(("verdict", result.verdict.kind.value))

@@ -60,12 +60,9 @@ class RankLog:
         return {restored + step: loss for step, loss in self.observed.items()}
 
     def saved_steps(self) -> set[int]:
-        """Steps whose save returned: the contract's, or a save the rank wrote files in and then
-        trained past (the hooks cannot see a save return otherwise)."""
-        if self.saved or self.uses_contract:
-            return set(self.saved)
-        reached = max(self.observed, default=0)
-        return {step for _, step, phase in self.written if phase == "save" and step < reached}
+        """Steps whose save returned on this rank: the contract's lines, or the hook's (a save it
+        wrote files in, then trained past or ended normally after)."""
+        return set(self.saved)
 
 
 @dataclass(frozen=True)
@@ -147,7 +144,11 @@ def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list
                 divergence, silent = divergence or after, silent + lines
 
     first_error = _first_error(first_run, "first_run") or _first_error(restart or [], "restart")
-    if restart and not first_error and not hung:
+    idle_restart = restart and not any(log.step_losses() for log in restart)
+    if idle_restart and complete == final_step and not first_error and not hung:
+        notes.append(f"the restart trained no step: the step-{final_step} checkpoint was the run's last, so there "
+                     "was nothing left to compare after its restore")
+    elif restart and not first_error and not hung:
         reached = min((max(log.step_losses(restored_step or 0), default=restored_step or 0) for log in restart),
                       default=0)
         if reached < final_step:

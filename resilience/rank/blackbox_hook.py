@@ -11,6 +11,7 @@ N after optimizer step N, the save returned at the next backward.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -46,12 +47,14 @@ def install(config_text: str) -> None:
     events = EventLog(directory / f"rank{rank}.events.jsonl", rank)
     events.emit("started", launch=incarnation.launch, restart_count=incarnation.restart)
     clock = Clock()
+    written = WrittenFiles(events.emit, clock)
     fault = _armed_fault(config, incarnation)
     arm_in_rank(fault, RankEnvironment(rank=rank, world_size=world_size, checkpoint_dir=Path(config["checkpoint_dir"]),
                                        clock=clock, emit=events.emit, case_dir=Path(config["run_dir"]),
                                        incarnation="first_run" if incarnation.is_first else "restart"),
-                listeners=[WrittenFiles(events.emit, clock)])
-    place = RankPlace(clock, fault)
+                listeners=[written])
+    place = RankPlace(clock, fault, written, events.emit)
+    atexit.register(place.exiting)
     StepObserver(events.emit, place.move, place.save_returned, digest=config.get("digest", True)).install()
     sys.stdout = ContractReader(sys.stdout, events, place)
     previous_hook = sys.excepthook
@@ -59,6 +62,7 @@ def install(config_text: str) -> None:
     def record_error(kind, value, tb):  # the script's uncaught exception: the evidence of LOUD
         import traceback
 
+        place.failed = True
         events.emit("error", type=kind.__name__, message=str(value)[:4000], chain=exception_chain(value),
                     traceback="".join(traceback.format_exception(kind, value, tb))[-8000:])
         previous_hook(kind, value, tb)
@@ -83,10 +87,12 @@ def _armed_fault(config: dict, incarnation):
 
 class RankPlace:
     """Where the rank is, from the step hooks or the contract lines (whichever sees it first), and
-    the armed fault told once per place."""
+    the armed fault told once per place. A save this rank wrote files in has returned once the
+    rank trains on, or once the script ends normally after it (``save_returned``)."""
 
-    def __init__(self, clock, fault):
-        self.clock, self.fault = clock, fault
+    def __init__(self, clock, fault, written, emit):
+        self.clock, self.fault, self.written, self.emit = clock, fault, written, emit
+        self.failed = False  # the script raised: its last save did not return
 
     def move(self, phase: str, step: int) -> None:
         if (self.clock.phase, self.clock.step) == (phase, step):
@@ -98,8 +104,15 @@ class RankPlace:
             self.fault.at(phase, step)
 
     def save_returned(self, step: int) -> None:
+        if step in self.written.save_steps:
+            self.emit("save_returned", step=step)
         if self.fault is not None:
             self.fault.after_save(None, step)
+
+    def exiting(self) -> None:
+        """At a normal exit (atexit also runs after an uncaught exception: not then)."""
+        if not self.failed and self.clock.phase == "save" and self.clock.step in self.written.save_steps:
+            self.emit("save_returned", step=self.clock.step)
 
 
 class ContractReader:

@@ -142,6 +142,9 @@ class WrittenFiles(WriteListener):
 
     def __init__(self, emit: Callable[..., None], clock: Any):
         self.emit, self.clock = emit, clock
+        self.save_steps: set[int] = set()  # steps in whose save this rank wrote a file
 
     def after_close(self, file) -> None:
+        if self.clock.phase == "save":
+            self.save_steps.add(self.clock.step)
         self.emit("file_written", file=file.relative, step=self.clock.step, phase=self.clock.phase)

@@ -27,8 +27,10 @@ every launch here sets ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (a store per rou
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
+import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,6 +39,7 @@ from typing import Any
 
 from ..core import janitor, registry
 from ..core.case import FaultSpec, ScriptCase
+from ..core.directory_cache import DirectoryCache
 from ..core.elastic_layout import LAUNCH_ENV, Incarnation, incarnations_in
 from ..core.events import read_events, tail
 from ..core.paths import PROJECT_ROOT
@@ -88,7 +91,7 @@ class BlackBoxResult:
 
 
 def qualify_script(job: BlackBoxJob, fault: Mapping[str, Any] | None, *, work_root: Path | None = None,
-                   keep: bool = False) -> BlackBoxResult:
+                   keep: bool = False, cache: DirectoryCache | None = None) -> BlackBoxResult:
     """``fault``: a scenario's fault section (``{"kind": "kill", "rank": 1, "step": 6}``)."""
     spec = check_script_fault(fault, "black-box fault", job.nproc_per_node)
     if not Path(job.script).is_file():
@@ -96,22 +99,23 @@ def qualify_script(job: BlackBoxJob, fault: Mapping[str, Any] | None, *, work_ro
     with janitor.temporary_directory("resilience-blackbox-", work_root, keep) as work_dir:
         if keep:
             print(f"keeping the run's directory: {work_dir}", flush=True)
-        return _BlackBoxRun(job, spec, work_dir.resolve()).run()
+        return _BlackBoxRun(job, spec, work_dir.resolve(), cache).run()
 
 
-def run_script_case(case: ScriptCase, *, work_root: Path | None = None, keep: bool = False) -> BlackBoxResult:
+def run_script_case(case: ScriptCase, *, work_root: Path | None = None, keep: bool = False,
+                    cache: DirectoryCache | None = None) -> BlackBoxResult:
     """A scenario file's case on a user's script; its phase timeout bounds each torchrun launch."""
     script = case.script
     job = BlackBoxJob(script=Path(script.path), args=script.args, restart_args=script.restart_args,
                       nproc_per_node=script.nproc_per_node, max_restarts=script.max_restarts, env=script.env,
                       launch_timeout_s=case.timeouts.phase_s)
     with janitor.temporary_directory("resilience-blackbox-", work_root, keep) as work_dir:
-        return _BlackBoxRun(job, case.fault, work_dir.resolve()).run()
+        return _BlackBoxRun(job, case.fault, work_dir.resolve(), cache).run()
 
 
 class _BlackBoxRun:
-    def __init__(self, job: BlackBoxJob, fault: FaultSpec, work_dir: Path):
-        self.job, self.work_dir = job, work_dir
+    def __init__(self, job: BlackBoxJob, fault: FaultSpec, work_dir: Path, cache: DirectoryCache | None = None):
+        self.job, self.work_dir, self.cache = job, work_dir, cache
         # as the startup hook reads it
         self.fault = None if fault.kind == "none" else {
             "kind": fault.kind, "trigger": dataclasses.asdict(fault.trigger) if fault.trigger else None,
@@ -120,13 +124,11 @@ class _BlackBoxRun:
         self.harness_side = registry.resolve("fault", fault.kind)(fault)
 
     def run(self) -> BlackBoxResult:
-        reference_dir = self.work_dir / "reference"
-        hung = self._launch(reference_dir, fault=None, launch=0, args=self.job.args, restarts=0)
+        if self.cache is None:
+            reference_dir = self._reference(self.work_dir / "reference")
+        else:
+            reference_dir = self.cache.entry(self.reference_key(), self._reference)
         reference = self._logs(reference_dir, Incarnation(0, 0))
-        if hung or any(log.errors for log in reference) or not reference or not reference[0].step_losses():
-            raise HarnessError(f"the uninterrupted run of {self.job.script} did not complete (or no optimizer "
-                               "step was seen after a backward); its output:\n"
-                               f"{tail(reference_dir / 'torchrun.launch0.log')}")
         job_dir = self.work_dir / "job"
         env = CaseEnvironment(case=None, case_dir=job_dir, checkpoint_dir=job_dir / "checkpoints")
         job_dir.mkdir()
@@ -154,6 +156,31 @@ class _BlackBoxRun:
                               restart=tuple(restart) if restart is not None else None,
                               restart_incarnation=restart_incarnation, work_dir=self.work_dir)
 
+    def _reference(self, run_dir: Path) -> Path:
+        """The uninterrupted run, into ``run_dir``; raises where it did not complete."""
+        hung = self._launch(run_dir, fault=None, launch=0, args=self.job.args, restarts=0)
+        reference = self._logs(run_dir, Incarnation(0, 0))
+        if hung or any(log.errors for log in reference) or not reference or not reference[0].step_losses():
+            raise HarnessError(f"the uninterrupted run of {self.job.script} did not complete (or no optimizer "
+                               "step was seen after a backward); its output:\n"
+                               f"{tail(run_dir / 'torchrun.launch0.log')}")
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the events are the oracle
+        return run_dir
+
+    def reference_key(self) -> str:
+        """The script's content, arguments, ranks and environment, torch, and this package's rank code."""
+        import torch
+
+        from .reference_cache import rank_sources
+
+        digest = hashlib.sha256(Path(self.job.script).read_bytes())
+        for path in rank_sources():
+            digest.update(path.read_bytes())
+        identity = {"script": str(Path(self.job.script).resolve()), "sources": digest.hexdigest(),
+                    "args": self.job.args, "nproc": self.job.nproc_per_node, "env": dict(self.job.env),
+                    "torch": torch.__version__, "python": self.job.python}
+        return "script-" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
+
     def command(self, run_dir: Path, args: tuple[str, ...], restarts: int) -> list[str]:
         checkpoint_dir = str(run_dir / "checkpoints")
         return [self.job.python, "-m", "torch.distributed.run", "--standalone",
@@ -175,7 +202,7 @@ class _BlackBoxRun:
                                                "fault": fault, "project_root": str(PROJECT_ROOT)}),
         })
         group = AgentLaunch(self.command(run_dir, args, restarts), env, run_dir / f"torchrun.launch{launch}.log",
-                            lambda: run_dir.glob("launch*/rank*.events.jsonl"), marker=str(self.work_dir))
+                            lambda: run_dir.glob("launch*/rank*.events.jsonl"), marker=str(self.job.script))  # ranks run it: our torchrun's
         end = supervise(group, deadline_after(self.job.launch_timeout_s), lambda: self._check_contract(run_dir))
         return f"launch {launch} of {run_dir.name}" if end.status == "deadline" else None
 

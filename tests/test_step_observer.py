@@ -1,0 +1,101 @@
+"""Black-box mode's view of an unmodified loop (`rank.step_observer`), in this process: losses from
+autograd's entry point, step boundaries from torch's optimizer step hooks, state digests; and the
+oracle that reads them (`oracle.blackbox`): the restored step by digest, what was not restored,
+a checkpoint overwritten in place."""
+import pytest
+import torch
+
+from resilience.core.case import VerdictKind
+from resilience.oracle.blackbox import RankLog, judge_logs, restored_steps
+from resilience.rank.step_observer import StepObserver
+
+
+@pytest.fixture
+def observed(monkeypatch):
+    """An observer installed for one test (torch's hooks removed and backward restored after it)."""
+    import torch.optim.optimizer as optimizer_module
+
+    monkeypatch.setattr(torch.autograd, "backward", torch.autograd.backward)
+    monkeypatch.setattr(optimizer_module, "_global_optimizer_pre_hooks", optimizer_module.OrderedDict())
+    monkeypatch.setattr(optimizer_module, "_global_optimizer_post_hooks", optimizer_module.OrderedDict())
+    events, places = [], []
+    observer = StepObserver(lambda name, **fields: events.append((name, fields)),
+                            lambda phase, step: places.append((phase, step)),
+                            lambda step: places.append(("returned", step)))
+    observer.install()
+    return events, places
+
+
+def train(steps, accumulation=1, second_optimizer=False, seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    other = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1) if second_optimizer else None
+    for _ in range(steps):
+        for _ in range(accumulation):
+            (model(torch.randn(2, 4)).pow(2).mean() / accumulation).backward()
+        optimizer.step()
+        if other is not None:
+            other.step()  # no backward of its own: the same step
+        optimizer.zero_grad()
+
+
+def test_each_optimizer_step_after_a_backward_is_one_step_with_its_losses_and_digest(observed):
+    events, places = observed
+    train(3, accumulation=2, second_optimizer=True)
+    steps = [fields for name, fields in events if name == "observed_step"]
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert all(len(s["micro_losses"]) == 2 and s["loss"] == sum(s["micro_losses"]) for s in steps)
+    assert set(steps[0]["digest"]) >= {"parameters", "optimizer", "torch_rng", "python_rng"}
+    assert steps[0]["digest"]["parameters"] != steps[1]["digest"]["parameters"]
+    assert places == [("train", 1), ("save", 1), ("returned", 1), ("train", 2), ("save", 2),
+                      ("returned", 2), ("train", 3), ("save", 3)]
+
+
+def test_the_same_loop_twice_digests_the_same_and_a_non_scalar_backward_is_not_a_loss(observed):
+    events, _ = observed
+    train(2)
+    torch.ones(2, requires_grad=True).mul(2).backward(torch.ones(2))  # no loss: not counted
+    train(2)
+    steps = [fields for name, fields in events if name == "observed_step"]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4]
+    assert steps[0]["digest"] == steps[2]["digest"] and steps[1]["loss"] == steps[3]["loss"]
+
+
+DIGESTS = {step: {"parameters": f"p{step}", "optimizer": f"o{step}", "torch_rng": f"r{step}"} for step in (1, 2, 3, 4)}
+
+
+def log(rank, observed=None, digests=None, written=(), saved=(), errors=(), fault_events=()):
+    return RankLog(rank, {}, tuple(saved), (), tuple(errors), tuple(fault_events), dict(observed or {}),
+                   dict(digests or {}), tuple(written))
+
+
+LOSSES = {1: 0.5, 2: 0.4, 3: 0.3, 4: 0.2}
+
+
+def test_the_restored_step_is_the_one_whose_parameters_match_and_a_stream_not_restored_is_named():
+    reference = [log(0, LOSSES, DIGESTS), log(1, LOSSES, DIGESTS)]
+    resumed = {1: dict(DIGESTS[3], torch_rng="r1"), 2: DIGESTS[4]}
+    restore = restored_steps(reference, [log(0, {1: 0.3, 2: 0.2}, resumed)])
+    assert restore.steps == {0: 2}
+    assert restore.notes == ("rank 0: parameters restored at step 2; not restored: torch's RNG stream "
+                             "(it is the one of step 0)",)
+    unknown = restored_steps(reference, [log(0, {1: 0.3}, {1: dict(DIGESTS[3], parameters="x")})])
+    assert unknown.steps == {} and "match no step" in unknown.silent[0]
+
+
+def test_each_rank_is_judged_against_its_own_reference_and_an_overwritten_checkpoint_is_named():
+    other = {step: loss + 1 for step, loss in LOSSES.items()}  # rank 1 logs its own loss
+    written = [("ckpt.pt", 2, "save")]
+    reference = [log(0, LOSSES, DIGESTS, written, saved=[2, 4]), log(1, other, DIGESTS)]
+    first = [log(0, {1: 0.5, 2: 0.4}, DIGESTS, written, saved=[2]), log(1, {1: 1.5, 2: 1.4}, DIGESTS)]
+    restart = [log(0, {1: 0.3, 2: 0.2}, {1: DIGESTS[3]}), log(1, {1: 1.3, 2: 1.2}, {1: DIGESTS[3]})]
+    verdict = judge_logs(reference, first, restart, None)
+    assert verdict.kind is VerdictKind.RECOVERED and verdict.restored_step == 2, verdict.findings
+    torn = [log(0, {1: 0.5, 2: 0.4}, DIGESTS, written + [("ckpt.pt", 4, "save")], saved=[2]), first[1]]
+    error = {"event": "error", "rank": 0, "type": "RuntimeError", "message": "failed finding central directory",
+             "time": 20.0}
+    verdict = judge_logs(reference, torn, [log(0, errors=[error]), log(1)], None)
+    assert verdict.kind is VerdictKind.LOUD
+    assert ("the newest complete checkpoint (step 2) was overwritten in place by the save of step 4 (ckpt.pt)"
+            in verdict.findings[-1])
