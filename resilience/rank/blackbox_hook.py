@@ -46,7 +46,8 @@ def install(config_text: str) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     events = EventLog(directory / f"rank{rank}.events.jsonl", rank)
     events.emit("started", launch=incarnation.launch, restart_count=incarnation.restart)
-    clock = Clock()
+    # a restarted rank is in its restore from its start until its first backward
+    clock = Clock(phase="idle" if incarnation.is_first else "load")
     written = WrittenFiles(events.emit, clock)
     fault = _armed_fault(config, incarnation)
     arm_in_rank(fault, RankEnvironment(rank=rank, world_size=world_size, checkpoint_dir=Path(config["checkpoint_dir"]),

@@ -201,8 +201,9 @@ class _BlackBoxRun:
             "RESILIENCE_BLACKBOX": json.dumps({"run_dir": str(run_dir), "checkpoint_dir": str(run_dir / "checkpoints"),
                                                "fault": fault, "project_root": str(PROJECT_ROOT)}),
         })
+        # the marker: every rank's command line names the script (our torchrun's ranks: see AgentLaunch)
         group = AgentLaunch(self.command(run_dir, args, restarts), env, run_dir / f"torchrun.launch{launch}.log",
-                            lambda: run_dir.glob("launch*/rank*.events.jsonl"), marker=str(self.job.script))  # ranks run it: our torchrun's
+                            lambda: run_dir.glob("launch*/rank*.events.jsonl"), marker=str(self.job.script))
         end = supervise(group, deadline_after(self.job.launch_timeout_s), lambda: self._check_contract(run_dir))
         return f"launch {launch} of {run_dir.name}" if end.status == "deadline" else None
 
