@@ -22,14 +22,15 @@ KEY_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 Overrides = list[tuple[str, Any]]
 
 
-def expand_matrix(source: str, matrix: Any) -> list[tuple[str, Overrides]]:
-    """Each case of ``matrix`` (None: one case, no id) with the key paths it sets, in file order."""
+def expand_matrix(source: str, matrix: Any, top_keys: tuple[str, ...] = TOP_KEYS) -> list[tuple[str, Overrides]]:
+    """Each case of ``matrix`` (None: one case, no id) with the key paths it sets, in file order;
+    ``top_keys``: where a key path may begin (a script scenario's keys differ)."""
     if matrix is None:
         return [("", [])]
     if isinstance(matrix, dict):
-        combos = _product(source, matrix)
+        combos = _product(source, matrix, top_keys)
     elif isinstance(matrix, list):
-        combos = _listed(source, matrix)
+        combos = _listed(source, matrix, top_keys)
     else:
         raise ScenarioError(source, "matrix", "must be a mapping or a list", matrix, MATRIX_FORMS)
     ids = [case_id(combo, full=False) for combo in combos]
@@ -44,12 +45,12 @@ def expand_matrix(source: str, matrix: Any) -> list[tuple[str, Overrides]]:
     return expanded
 
 
-def _product(source: str, matrix: dict) -> list[Overrides]:
+def _product(source: str, matrix: dict, top_keys: tuple[str, ...]) -> list[Overrides]:
     if not matrix:
         raise ScenarioError(source, "matrix", "an empty matrix expands to no case", matrix, MATRIX_FORMS)
     axes = []
     for key_path, values in matrix.items():
-        check_key_path(source, key_path)
+        check_key_path(source, key_path, top_keys=top_keys)
         if not isinstance(values, list) or not values:
             raise ScenarioError(source, f"matrix.{key_path}", "must be a non-empty list of values", values)
         axes.append([(key_path, value) for value in values])
@@ -59,7 +60,7 @@ def _product(source: str, matrix: dict) -> list[Overrides]:
     return [list(combo) for combo in itertools.product(*axes)]
 
 
-def _listed(source: str, matrix: list) -> list[Overrides]:
+def _listed(source: str, matrix: list, top_keys: tuple[str, ...]) -> list[Overrides]:
     if not matrix:
         raise ScenarioError(source, "matrix", "an empty matrix expands to no case", matrix, MATRIX_FORMS)
     combos = []
@@ -67,7 +68,7 @@ def _listed(source: str, matrix: list) -> list[Overrides]:
         if not isinstance(entry, dict) or not entry:
             raise ScenarioError(source, f"matrix[{index}]", "must be a non-empty mapping of key path -> value", entry)
         for key_path in entry:
-            check_key_path(source, key_path, f"matrix[{index}]")
+            check_key_path(source, key_path, f"matrix[{index}]", top_keys)
         combos.append(list(entry.items()))
     return combos
 
@@ -94,12 +95,12 @@ def _id_value(value: Any) -> str:
     return re.sub(r"[^\w.*-]+", "_", str(value))  # a path's "/" would read as a test id separator
 
 
-def check_key_path(source: str, key_path: Any, where: str = "matrix") -> None:
+def check_key_path(source: str, key_path: Any, where: str = "matrix", top_keys: tuple[str, ...] = TOP_KEYS) -> None:
     if not isinstance(key_path, str) or not KEY_PATH.match(key_path):
         raise ScenarioError(source, where, "keys must be dotted key paths such as fault.rank", key_path)
-    if key_path.split(".")[0] not in TOP_KEYS or key_path.split(".")[0] == "matrix":
+    if key_path.split(".")[0] not in top_keys or key_path.split(".")[0] == "matrix":
         raise ScenarioError(source, f"{where}.{key_path}", "unknown key path", key_path,
-                            [k for k in TOP_KEYS if k != "matrix"])
+                            [k for k in top_keys if k != "matrix"])
 
 
 def set_path(source: str, doc: dict, key_path: str, value: Any) -> None:

@@ -68,7 +68,7 @@ def load_script_document(document: dict, source: str) -> tuple[ScriptCase, ...]:
     problems = Problems(source)
     doc = Validator(source, problems=problems).mapping("", document, SCRIPT_TOP_KEYS)
     try:
-        expanded = expand_matrix(source, doc.pop("matrix", None))
+        expanded = expand_matrix(source, doc.pop("matrix", None), SCRIPT_TOP_KEYS)
     except ScenarioError as exc:
         problems.add(exc)
         raise problems.error() from None
