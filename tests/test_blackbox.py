@@ -154,3 +154,35 @@ def test_a_script_scenario_loads_its_cases_and_names_the_key_of_each_mistake(tmp
     with pytest.raises(ScenarioError, match=r"script: a scenario on a user's own script runs under pytest"):
         load_file(path)
     assert load_cases([tmp_path]) == ([], [])  # the strategy commands leave it out
+
+
+GPT_TRAINER = EXAMPLE.parent / "scripts" / "gpt_trainer.py"
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_a_run_with_one_line_and_leaves_nothing_behind(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    work = tmp_path / "work"
+    work.mkdir()
+    driver = subprocess.Popen([sys.executable, "-m", "resilience", "blackbox", "--workdir", str(work), "--no-cache",
+                               str(GPT_TRAINER), "--out-dir", "{checkpoint_dir}", "--max-iters", "400"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parent.parent)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(work.rglob("rank1.events.jsonl")) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the ranks started: the reference run is under way
+        assert list(work.rglob("rank1.events.jsonl")), "the reference's ranks never started"
+        driver.send_signal(signal.SIGINT)
+        out, err = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 130, (out, err)
+    assert err.strip().splitlines()[-1].startswith("resilience: interrupted"), err
+    assert "Traceback" not in err, err
+    assert list(work.iterdir()) == [] and pids_naming(work) == []  # the ranks' command lines name it

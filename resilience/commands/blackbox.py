@@ -11,6 +11,7 @@ from pathlib import Path
 from ..core.case import EXPECTED_VERDICT, Outcome
 from ..errors import ResilienceError
 from ..run.blackbox import BlackBoxJob, describe, qualify_script
+from ..run.reference_cache import ReferenceCache, default_cache_dir
 
 
 def add_blackbox_command(sub) -> None:
@@ -28,6 +29,9 @@ def add_blackbox_command(sub) -> None:
     command.add_argument("--timeout", type=float, default=300.0, help="seconds per torchrun launch before HANG")
     command.add_argument("--workdir", type=Path)
     command.add_argument("--keep", action="store_true", help="keep the run's directory (logs, checkpoints)")
+    command.add_argument("--cache", type=Path, help="where uninterrupted runs are cached (default: the "
+                         "reference cache, RESILIENCE_CACHE)")
+    command.add_argument("--no-cache", action="store_true", help="run the uninterrupted run afresh")
     command.add_argument("script", type=Path)
     command.add_argument("script_args", nargs=argparse.REMAINDER)
 
@@ -47,7 +51,8 @@ def blackbox_main(args: argparse.Namespace) -> int:
                       env=dict(item.split("=", 1) for item in args.env), nproc_per_node=args.nproc_per_node,
                       max_restarts=args.max_restarts, launch_timeout_s=args.timeout)
     try:
-        result = qualify_script(job, fault, work_root=args.workdir, keep=args.keep)
+        cache = None if args.no_cache else ReferenceCache(args.cache or default_cache_dir())
+        result = qualify_script(job, fault, work_root=args.workdir, keep=args.keep, cache=cache)
     except ResilienceError as exc:
         print(f"ERROR {exc}", flush=True)
         return 1

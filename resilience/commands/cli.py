@@ -39,6 +39,17 @@ def _add_harness_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; Ctrl-C ends it with one line, once every process and directory the run
+    started is gone (the supervisors and the janitor clean up as the interrupt unwinds)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("resilience: interrupted; the processes, mounts and directories it started are removed",
+              file=sys.stderr, flush=True)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="resilience", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run_arguments(sub.add_parser("run", help="run scenario files (or directories of them)"))
