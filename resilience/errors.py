@@ -39,6 +39,11 @@ class HarnessError(ResilienceError):
     """The harness itself could not run a case (not a verdict about the system under test)."""
 
 
+class NotReproducible(HarnessError):
+    """Two uninterrupted runs of a user's script differ: it cannot be judged bitwise (its case may
+    ask for ``oracle: envelope``)."""
+
+
 class Unavailable(ResilienceError):
     """This machine lacks what a case needs (root for a mount, an optional library): the case is
     skipped with this reason, which ``CI=true`` turns into a failure."""

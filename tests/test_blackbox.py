@@ -2,6 +2,7 @@
 hook, the verdict from the lines it logs."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,29 @@ def test_ctrl_c_ends_a_run_with_one_line_and_leaves_nothing_behind(tmp_path):
     assert err.strip().splitlines()[-1].startswith("resilience: interrupted"), err
     assert "Traceback" not in err, err
     assert list(work.iterdir()) == [] and pids_naming(work) == []  # the ranks' command lines name it
+
+
+@pytest.mark.slow
+def test_a_script_that_is_not_reproducible_is_told_and_judged_within_an_envelope(tmp_path):
+    """--loss-noise adds up to 1e-4 of noise from the operating system to each logged loss."""
+    from resilience.core.directory_cache import DirectoryCache
+    from resilience.errors import NotReproducible
+
+    args = ("--out-dir", "{checkpoint_dir}", "--loss-noise", "1e-4")
+    restart = args + ("--init-from", "resume")
+    cache = DirectoryCache(tmp_path / "cache")
+    kill = {"kind": "kill", "rank": 1, "step": 6, "phase": "train"}
+    with pytest.raises(NotReproducible, match=r"not reproducible: two uninterrupted runs part at step 1 on rank 0"):
+        qualify_script(BlackBoxJob(script=GPT_TRAINER, args=args, restart_args=restart), kill, work_root=tmp_path,
+                       cache=cache)
+    # five runs, a wide factor: a faulted run's noise leaves the band only if the five happened to
+    # agree within 1/25 of it (about 1e-5 a step)
+    job = BlackBoxJob(script=GPT_TRAINER, args=args, restart_args=restart, oracle="envelope", references=5,
+                      envelope_factor=50.0)
+    result = qualify_script(job, kill, work_root=tmp_path, cache=cache)
+    assert result.verdict.kind is VerdictKind.RECOVERED and result.verdict.restored_step == 4, result.verdict
+    assert any("within the envelope of 5 uninterrupted runs" in line for line in result.verdict.findings)
+    forgetful = dataclasses.replace(job, restart_args=restart + ("--forget-rng",))
+    verdict = qualify_script(forgetful, kill, work_root=tmp_path, cache=cache).verdict
+    assert verdict.kind is VerdictKind.SILENT and "outside the envelope" in verdict.findings[0], verdict
+    assert [p.name for p in tmp_path.iterdir()] == ["cache"] and pids_naming(tmp_path) == []

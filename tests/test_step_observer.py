@@ -65,9 +65,13 @@ def test_the_same_loop_twice_digests_the_same_and_a_non_scalar_backward_is_not_a
 DIGESTS = {step: {"parameters": f"p{step}", "optimizer": f"o{step}", "torch_rng": f"r{step}"} for step in (1, 2, 3, 4)}
 
 
-def log(rank, observed=None, digests=None, written=(), saved=(), errors=(), fault_events=()):
+AFTER = {step: {"parameters": f"p{step + 1}", "optimizer": f"o{step + 1}"} for step in (1, 2, 3, 4)}
+
+
+def log(rank, observed=None, digests=None, written=(), saved=(), errors=(), fault_events=(), after=None):
+    """A rank's log; with ``digests``, the states after each step too (those of the next step's start)."""
     return RankLog(rank, {}, tuple(saved), (), tuple(errors), tuple(fault_events), dict(observed or {}),
-                   dict(digests or {}), tuple(written))
+                   dict(digests or {}), tuple(written), dict(AFTER if after is None and digests is DIGESTS else {}))
 
 
 LOSSES = {1: 0.5, 2: 0.4, 3: 0.3, 4: 0.2}
@@ -76,11 +80,11 @@ LOSSES = {1: 0.5, 2: 0.4, 3: 0.3, 4: 0.2}
 def test_the_restored_step_is_the_one_whose_parameters_match_and_a_stream_not_restored_is_named():
     reference = [log(0, LOSSES, DIGESTS), log(1, LOSSES, DIGESTS)]
     resumed = {1: dict(DIGESTS[3], torch_rng="r1"), 2: DIGESTS[4]}
-    restore = restored_steps(reference, [log(0, {1: 0.3, 2: 0.2}, resumed)])
+    restore = restored_steps(reference, [], [log(0, {1: 0.3, 2: 0.2}, resumed)])
     assert restore.steps == {0: 2}
     assert restore.notes == ("rank 0: parameters restored at step 2; not restored: torch's RNG stream "
                              "(it is the one of step 0)",)
-    unknown = restored_steps(reference, [log(0, {1: 0.3}, {1: dict(DIGESTS[3], parameters="x")})])
+    unknown = restored_steps(reference, [], [log(0, {1: 0.3}, {1: dict(DIGESTS[3], parameters="x")})])
     assert unknown.steps == {} and "match no step" in unknown.silent[0]
 
 

@@ -7,11 +7,14 @@ steps. A run resumes only when told (``--init-from resume``). Each rank prints i
     torchrun --standalone --nproc-per-node 2 examples/scripts/gpt_trainer.py --out-dir out --init-from resume
 
 ``--forget-rng`` is a common bug to catch: the resume reseeds instead of restoring the RNG state,
-so the batches and dropout masks after it are those of step 0.
+so the batches and dropout masks after it are those of step 0. ``--loss-noise A`` makes the run
+not reproducible, as a reduction whose order varies does: each loss gets up to ``A`` of noise
+from the operating system (the gradients stay exact).
 """
 import argparse
 import math
 import os
+import random
 
 import torch
 import torch.distributed as dist
@@ -66,6 +69,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--forget-rng", action="store_true")
+    parser.add_argument("--loss-noise", type=float, default=0.0)
     args = parser.parse_args()
 
     dist.init_process_group(backend="gloo")
@@ -93,6 +97,8 @@ def main():
             group["lr"] = lr
         x, y = get_batch(data, args.batch_size)
         loss = model(x, y)
+        if args.loss_noise:
+            loss = loss + args.loss_noise * (random.SystemRandom().random() * 2 - 1)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

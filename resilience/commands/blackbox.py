@@ -24,6 +24,11 @@ def add_blackbox_command(sub) -> None:
                          "'--out {checkpoint_dir} --resume'); default: the first run's")
     command.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                          help="an environment variable for the script's ranks (repeatable)")
+    command.add_argument("--oracle", choices=("bitwise", "envelope"), default="bitwise",
+                         help="bitwise (two uninterrupted runs must agree first), or envelope: within the spread "
+                              "of --references uninterrupted runs, widened --envelope-factor times")
+    command.add_argument("--references", type=int, default=None, help="uninterrupted runs (default 2; envelope 3)")
+    command.add_argument("--envelope-factor", type=float, default=2.0)
     command.add_argument("--nproc-per-node", type=int, default=2)
     command.add_argument("--max-restarts", type=int, default=1)
     command.add_argument("--timeout", type=float, default=300.0, help="seconds per torchrun launch before HANG")
@@ -49,7 +54,9 @@ def blackbox_main(args: argparse.Namespace) -> int:
     job = BlackBoxJob(script=args.script, args=tuple(args.script_args),
                       restart_args=tuple(shlex.split(args.restart_args)) if args.restart_args is not None else None,
                       env=dict(item.split("=", 1) for item in args.env), nproc_per_node=args.nproc_per_node,
-                      max_restarts=args.max_restarts, launch_timeout_s=args.timeout)
+                      max_restarts=args.max_restarts, launch_timeout_s=args.timeout, oracle=args.oracle,
+                      references=args.references or (3 if args.oracle == "envelope" else 2),
+                      envelope_factor=args.envelope_factor)
     try:
         cache = None if args.no_cache else ReferenceCache(args.cache or default_cache_dir())
         result = qualify_script(job, fault, work_root=args.workdir, keep=args.keep, cache=cache)

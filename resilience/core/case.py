@@ -171,6 +171,9 @@ class ScriptSpec:
     nproc_per_node: int = 2
     max_restarts: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
+    oracle: str = "bitwise"  # or "envelope": within the spread of ``references`` uninterrupted runs
+    references: int = 2  # uninterrupted runs (bitwise: two, to see that the script is reproducible)
+    envelope_factor: float = 2.0  # how far the envelope widens the references' spread around its middle
 
 
 @dataclass(frozen=True)

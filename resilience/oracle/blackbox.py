@@ -15,11 +15,15 @@ from dataclasses import dataclass, field
 from ..core.case import VerdictKind
 from ..core.records import RankError, Verdict
 from . import rules
+from .envelope import Envelope
 from .evidence import earliest_unless_killed, error_from_event
 
 #: digest parts compared after the parameters matched, in the words of a finding
 STATE_PARTS = {"optimizer": "the optimizer state", "torch_rng": "torch's RNG stream",
                "python_rng": "Python's random stream", "numpy_rng": "NumPy's RNG stream"}
+#: a stream that never moved in the reference is one the script does not use (Python's and NumPy's
+#: are seeded afresh in each process): its value says nothing
+RNG_PARTS = ("torch_rng", "python_rng", "numpy_rng")
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class RankLog:
     observed: dict[int, float] = field(default_factory=dict)  # hook step (1, 2, ...) -> loss
     digests: dict[int, dict[str, str]] = field(default_factory=dict)  # hook step -> part -> digest
     written: tuple[tuple[str, int, str], ...] = ()  # (file, clock step, clock phase) as each was closed
+    after: dict[int, dict[str, str]] = field(default_factory=dict)  # hook step -> its state once stepped
 
     @classmethod
     def from_events(cls, rank: int, events: list[dict]) -> RankLog:
@@ -47,7 +52,8 @@ class RankLog:
                    fault_events=tuple(e for e in events if e["event"] == "fault_fired"),
                    observed={e["step"]: e["loss"] for e in observed},
                    digests={e["step"]: e["digest"] for e in observed if "digest" in e},
-                   written=tuple((e["file"], e["step"], e["phase"]) for e in events if e["event"] == "file_written"))
+                   written=tuple((e["file"], e["step"], e["phase"]) for e in events if e["event"] == "file_written"),
+                   after={e["step"]: e["digest"] for e in events if e["event"] == "step_done"})
 
     @property
     def uses_contract(self) -> bool:
@@ -58,6 +64,13 @@ class RankLog:
         if self.uses_contract:
             return self.losses
         return {restored + step: loss for step, loss in self.observed.items()}
+
+    def saved_states(self) -> dict[int, dict[str, str]]:
+        """The state a checkpoint of each step holds (0: the initial one, before the first step)."""
+        states = dict(self.after)
+        if 1 in self.digests:
+            states[0] = self.digests[1]
+        return states
 
     def saved_steps(self) -> set[int]:
         """Steps whose save returned on this rank: the contract's lines, or the hook's (a save it
@@ -74,9 +87,12 @@ class Restore:
     notes: tuple[str, ...] = ()
 
 
-def restored_steps(reference: list[RankLog], restart: list[RankLog]) -> Restore:
-    """The contract's ``restored`` lines, or the reference step whose parameters each restarted
-    rank had before its first step."""
+def restored_steps(reference: list[RankLog], first_run: list[RankLog], restart: list[RankLog],
+                   rng_known: bool = True) -> Restore:
+    """The contract's ``restored`` lines, or per restarted rank the step whose saved state (the
+    first run's, which wrote the checkpoints, then the reference's) holds the parameters the rank
+    had before its first step; 0 for the initial parameters. ``rng_known``: the reference's RNG
+    states are those of the job (a bitwise-reproducible script)."""
     if any(log.restored for log in restart):
         return Restore({log.rank: log.restored[0] for log in restart if log.restored})
     steps, silent, notes = {}, [], []
@@ -84,40 +100,47 @@ def restored_steps(reference: list[RankLog], restart: list[RankLog]) -> Restore:
         first = log.digests.get(min(log.digests, default=0))
         if first is None or log.rank >= len(reference):
             continue
-        known = reference[log.rank].digests
-        matches = [step for step, digest in sorted(known.items()) if digest["parameters"] == first["parameters"]]
+        ours = next((other for other in first_run if other.rank == log.rank), None)
+        saved = {**reference[log.rank].saved_states(), **(ours.saved_states() if ours else {})}
+        matches = [step for step, state in sorted(saved.items()) if state["parameters"] == first["parameters"]]
         if not matches:
             silent.append(f"rank {log.rank} trained on after the restart from parameters that match no step of "
-                          "the uninterrupted run")
+                          "the run that saved them")
             continue
-        step = next((s for s in matches if known[s] == first), matches[0])
-        steps[log.rank] = step - 1
-        # a stream that never moved in the reference is one the script does not use (Python's and
-        # NumPy's are seeded afresh in each process): its value says nothing
-        used = [part for part in STATE_PARTS if len({digest.get(part) for digest in known.values()}) > 1]
-        missing = [part for part in used if part in first and known[step].get(part) != first[part]]
+        step = next((s for s in reversed(matches) if saved[s]["optimizer"] == first["optimizer"]), matches[-1])
+        steps[log.rank] = step
+        missing = []
+        if saved[step]["optimizer"] != first["optimizer"]:
+            missing.append(f"{STATE_PARTS['optimizer']} ({_matching_step(saved, 'optimizer', first['optimizer'])})")
+        if rng_known:
+            before = {s - 1: digest for s, digest in reference[log.rank].digests.items()}  # after the batch draw
+            used = [part for part in RNG_PARTS if len({digest.get(part) for digest in before.values()}) > 1]
+            missing += [f"{STATE_PARTS[part]} ({_matching_step(before, part, first[part])})" for part in used
+                        if part in first and step in before and before[step].get(part) != first[part]]
         if missing:
-            sources = [_matching_step(known, part, first[part]) for part in missing]
-            notes.append(f"rank {log.rank}: parameters restored at step {step - 1}; not restored: " + ", ".join(
-                f"{STATE_PARTS[part]} ({source})" for part, source in zip(missing, sources, strict=True)))
+            notes.append(f"rank {log.rank}: parameters restored at step {step}; not restored: " + ", ".join(missing))
     return Restore(steps, tuple(silent), tuple(notes))
 
 
-def _matching_step(known: dict[int, dict[str, str]], part: str, value: str) -> str:
-    steps = [step - 1 for step, digest in sorted(known.items()) if digest.get(part) == value]
+def _matching_step(states: dict[int, dict[str, str]], part: str, value: str) -> str:
+    steps = [step for step, digest in sorted(states.items()) if digest.get(part) == value]
     return f"it is the one of step {steps[0]}" if steps else "it matches no step"
 
 
 def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list[RankLog] | None,
-               hung: str | None) -> Verdict:
+               hung: str | None, envelope: Envelope | None = None) -> Verdict:
     """``reference``: the uninterrupted run, one log per rank; ``first_run`` and ``restart``: one
     log per rank (``restart`` None when the job never restarted); ``hung``: the part past its
-    deadline. Each rank is judged against its own reference."""
+    deadline. Each rank is judged against its own reference, bitwise, or within ``envelope``
+    (a script that is not reproducible)."""
     expected = {log.rank: log.step_losses() for log in reference}
     final_step = max((max(losses, default=0) for losses in expected.values()), default=0)
     divergence, silent = None, []
     for log in first_run:
-        found, lines = rules.first_run_divergence({log.rank: log.step_losses()}, expected.get(log.rank, {}))
+        if envelope is not None:
+            found, lines = envelope.miss(log.rank, log.step_losses(), "first_run")
+        else:
+            found, lines = rules.first_run_divergence({log.rank: log.step_losses()}, expected.get(log.rank, {}))
         divergence, silent = divergence or found, silent + lines
     writers = {log.rank for log in reference if log.written or log.saved} or {log.rank for log in first_run}
     saved: dict[int, set[int]] = {}
@@ -129,7 +152,7 @@ def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list
 
     restored_step, notes = None, []
     if restart:
-        restore = restored_steps(reference, restart)
+        restore = restored_steps(reference, first_run, restart, rng_known=envelope is None)
         silent += restore.silent
         notes += restore.notes
         restored_step = restore.steps.get(0)
@@ -137,11 +160,15 @@ def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list
         silent += found
         notes += more
         for log in restart:
-            if log.rank in restore.steps:
-                after, lines = rules.after_restore_divergence(
-                    {log.rank: log.step_losses(restore.steps[log.rank])}, expected.get(log.rank, {}),
-                    restore.steps[log.rank], "restart")
-                divergence, silent = divergence or after, silent + lines
+            if log.rank not in restore.steps:
+                continue
+            step, losses = restore.steps[log.rank], log.step_losses(restore.steps[log.rank])
+            if envelope is not None:
+                after, lines = envelope.miss(log.rank, losses, "restart", step)
+            else:
+                after, lines = rules.after_restore_divergence({log.rank: losses}, expected.get(log.rank, {}), step,
+                                                              "restart")
+            divergence, silent = divergence or after, silent + lines
 
     first_error = _first_error(first_run, "first_run") or _first_error(restart or [], "restart")
     idle_restart = restart and not any(log.step_losses() for log in restart)
@@ -156,6 +183,8 @@ def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list
                           f"the uninterrupted run reached step {final_step}")
     if restart is None and not (silent or hung or first_error):
         silent.append("the job never restarted, so no restore was tested")
+    if envelope is not None:
+        notes.append(envelope.describe())
     kind = rules.worst(silent, hung, first_error)
     if kind in (VerdictKind.LOUD, VerdictKind.SILENT):
         notes += overwritten_notes(first_run, complete)

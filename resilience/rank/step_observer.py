@@ -33,8 +33,8 @@ from typing import Any, Callable
 from ..faults.listeners import WriteListener
 
 
-def state_digest(optimizer: Any) -> dict[str, str]:
-    """The optimizer's parameters, its per-parameter state and the RNG streams, each digested."""
+def state_digest(optimizer: Any, rng: bool = True) -> dict[str, str]:
+    """The optimizer's parameters, its per-parameter state and (``rng``) the RNG streams, each digested."""
     import torch
 
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -44,6 +44,8 @@ def state_digest(optimizer: Any) -> dict[str, str]:
         for key, value in sorted(optimizer.state.get(p, {}).items()):
             entries += [str(key), value if isinstance(value, torch.Tensor) else repr(value)]
     parts["optimizer"] = _tensors_digest(entries)
+    if not rng:
+        return parts
     parts["torch_rng"] = _tensors_digest([torch.get_rng_state()])
     parts["python_rng"] = hashlib.blake2b(repr(random.getstate()).encode(), digest_size=12).hexdigest()
     numpy = sys.modules.get("numpy")
@@ -132,6 +134,8 @@ class StepObserver:
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.at_boundary:
             return
+        if self.digest:  # the state a save of this step holds: what a restart's first step must start from
+            self.emit("step_done", step=self.steps, digest=state_digest(optimizer, rng=False))
         self.at_boundary = self.training = False
         self.on_phase("save", self.steps)
 

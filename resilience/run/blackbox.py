@@ -44,11 +44,12 @@ from ..core.elastic_layout import LAUNCH_ENV, Incarnation, incarnations_in
 from ..core.events import read_events, tail
 from ..core.paths import PROJECT_ROOT
 from ..core.records import Verdict
-from ..errors import HarnessError, ScenarioError
+from ..errors import HarnessError, NotReproducible, ScenarioError
 from ..faults.environment import CaseEnvironment
 from ..faults.roles import HarnessSide
 from ..launch.backend import rank_environment
 from ..oracle.blackbox import RankLog, judge_logs
+from ..oracle.envelope import Envelope, first_difference
 from ..rank.helper_hook import STARTUP_DIR
 from ..scenario.script_case import check_script_fault
 from .supervisor import AgentLaunch, deadline_after, supervise
@@ -59,7 +60,9 @@ PLACEHOLDER = "{checkpoint_dir}"
 @dataclass(frozen=True)
 class BlackBoxJob:
     """The user's command: ``torchrun --nproc-per-node N SCRIPT ARGS...``; ``restart_args``: the
-    restart's own arguments (``--resume``), None: the same as the first run's."""
+    restart's own arguments (``--resume``), None: the same as the first run's. ``oracle``:
+    ``bitwise`` (two uninterrupted runs must agree first) or ``envelope`` (``references`` runs
+    give the spread, widened ``envelope_factor`` times)."""
 
     script: Path
     args: tuple[str, ...] = ()
@@ -69,6 +72,9 @@ class BlackBoxJob:
     env: Mapping[str, str] = field(default_factory=dict)
     launch_timeout_s: float = 300.0  # one torchrun launch still running after this long: HANG
     python: str = sys.executable
+    oracle: str = "bitwise"
+    references: int = 2
+    envelope_factor: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,8 @@ def run_script_case(case: ScriptCase, *, work_root: Path | None = None, keep: bo
     script = case.script
     job = BlackBoxJob(script=Path(script.path), args=script.args, restart_args=script.restart_args,
                       nproc_per_node=script.nproc_per_node, max_restarts=script.max_restarts, env=script.env,
-                      launch_timeout_s=case.timeouts.phase_s)
+                      launch_timeout_s=case.timeouts.phase_s, oracle=script.oracle, references=script.references,
+                      envelope_factor=script.envelope_factor)
     with janitor.temporary_directory("resilience-blackbox-", work_root, keep) as work_dir:
         return _BlackBoxRun(job, case.fault, work_dir.resolve(), cache).run()
 
@@ -125,10 +132,17 @@ class _BlackBoxRun:
 
     def run(self) -> BlackBoxResult:
         if self.cache is None:
-            reference_dir = self._reference(self.work_dir / "reference")
+            references_dir = self._references(self.work_dir / "reference")
         else:
-            reference_dir = self.cache.entry(self.reference_key(), self._reference)
-        reference = self._logs(reference_dir, Incarnation(0, 0))
+            references_dir = self.cache.entry(self.reference_key(), self._references)
+        runs = [self._logs(references_dir / f"run{index}", Incarnation(0, 0)) for index in range(self._runs())]
+        reference, envelope = runs[0], None
+        parted = first_difference(runs[0], runs[1]) if len(runs) > 1 else None
+        if self.job.oracle == "envelope":
+            envelope = Envelope.of(runs, self.job.envelope_factor)
+        elif parted:
+            raise NotReproducible(f"{self.job.script} is not reproducible: {parted}; it cannot be judged bitwise "
+                                  "(oracle: envelope judges it within the spread of several runs)")
         job_dir = self.work_dir / "job"
         env = CaseEnvironment(case=None, case_dir=job_dir, checkpoint_dir=job_dir / "checkpoints")
         job_dir.mkdir()
@@ -146,7 +160,7 @@ class _BlackBoxRun:
             restart_incarnation = self._restart_incarnation(job_dir)
             first = self._logs(job_dir, Incarnation(0, 0))
             restart = self._logs(job_dir, restart_incarnation) if restart_incarnation else None
-            verdict = judge_logs(reference, first, restart, hung)
+            verdict = judge_logs(reference, first, restart, hung, envelope)
             findings = self.harness_side.findings(env, ()) + self.harness_side.notes(env, ())
             if findings:
                 verdict = dataclasses.replace(verdict, findings=verdict.findings + tuple(findings))
@@ -156,16 +170,21 @@ class _BlackBoxRun:
                               restart=tuple(restart) if restart is not None else None,
                               restart_incarnation=restart_incarnation, work_dir=self.work_dir)
 
-    def _reference(self, run_dir: Path) -> Path:
-        """The uninterrupted run, into ``run_dir``; raises where it did not complete."""
-        hung = self._launch(run_dir, fault=None, launch=0, args=self.job.args, restarts=0)
-        reference = self._logs(run_dir, Incarnation(0, 0))
-        if hung or any(log.errors for log in reference) or not reference or not reference[0].step_losses():
-            raise HarnessError(f"the uninterrupted run of {self.job.script} did not complete (or no optimizer "
-                               "step was seen after a backward); its output:\n"
-                               f"{tail(run_dir / 'torchrun.launch0.log')}")
-        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the events are the oracle
-        return run_dir
+    def _runs(self) -> int:
+        return max(2, self.job.references) if self.job.oracle == "envelope" else max(1, self.job.references)
+
+    def _references(self, directory: Path) -> Path:
+        """The uninterrupted runs, into ``directory``/run0, run1, ...; raises where one did not complete."""
+        for index in range(self._runs()):
+            run_dir = directory / f"run{index}"
+            hung = self._launch(run_dir, fault=None, launch=0, args=self.job.args, restarts=0)
+            logs = self._logs(run_dir, Incarnation(0, 0))
+            if hung or any(log.errors for log in logs) or not logs or not logs[0].step_losses():
+                raise HarnessError(f"the uninterrupted run of {self.job.script} did not complete (or no optimizer "
+                                   "step was seen after a backward); its output:\n"
+                                   f"{tail(run_dir / 'torchrun.launch0.log')}")
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the events are the oracle
+        return directory
 
     def reference_key(self) -> str:
         """The script's content, arguments, ranks and environment, torch, and this package's rank code."""
@@ -178,7 +197,7 @@ class _BlackBoxRun:
             digest.update(path.read_bytes())
         identity = {"script": str(Path(self.job.script).resolve()), "sources": digest.hexdigest(),
                     "args": self.job.args, "nproc": self.job.nproc_per_node, "env": dict(self.job.env),
-                    "torch": torch.__version__, "python": self.job.python}
+                    "torch": torch.__version__, "python": self.job.python, "runs": self._runs()}
         return "script-" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
 
     def command(self, run_dir: Path, args: tuple[str, ...], restarts: int) -> list[str]:

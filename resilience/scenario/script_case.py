@@ -8,6 +8,8 @@ known_issue, timeouts, matrix) against what is known of a script before it runs.
       restart_args: [--out, "{checkpoint_dir}", --resume]   # optional: the restart's own
       nproc_per_node: 2
       env: {NAME: value}
+      oracle: bitwise               # or envelope (a script that is not reproducible), with
+      references: 2                 # uninterrupted runs (envelope: 3) and envelope_factor: 2
 
 A script offers nothing through the framework's API, so only faults that need nothing from it
 are available (`script_faults`; each fault says why not: ``Fault.script_problem``).
@@ -28,7 +30,9 @@ from .schema import MAX_WORLD_SIZE
 from .validate import check_expect, check_fault, check_known_issue, check_timeouts
 
 SCRIPT_TOP_KEYS = ("name", "description", "tier", "script", "fault", "expect", "known_issue", "timeouts", "matrix")
-SCRIPT_KEYS = ("path", "args", "restart_args", "nproc_per_node", "max_restarts", "env")
+SCRIPT_KEYS = ("path", "args", "restart_args", "nproc_per_node", "max_restarts", "env", "oracle", "references",
+               "envelope_factor")
+ORACLES = ("bitwise", "envelope")
 
 @dataclass(frozen=True)
 class ScriptBounds:
@@ -122,8 +126,15 @@ def check_script(v: Validator, value: Any, directory: Path) -> ScriptSpec:
     for key, item in env.items():
         if not isinstance(item, (str, int, float)) or isinstance(item, bool):
             raise v.error(f"script.env.{key}", "must be a string or a number", item)
+    oracle = v.choice("script.oracle", doc.get("oracle", "bitwise"), ORACLES)
+    references = v.integer("script.references", doc.get("references", 3 if oracle == "envelope" else 2),
+                           2 if oracle == "envelope" else 1, 20)
+    factor = v.number("script.envelope_factor", doc.get("envelope_factor", 2.0), 1.0, 100.0)
+    if oracle == "bitwise" and "envelope_factor" in doc:
+        raise v.error("script.envelope_factor", "has no meaning with oracle bitwise", doc["envelope_factor"])
     return ScriptSpec(path=str(path.resolve()), args=args, restart_args=restart_args, nproc_per_node=nproc,
-                      max_restarts=restarts, env={key: str(item) for key, item in env.items()})
+                      max_restarts=restarts, env={key: str(item) for key, item in env.items()}, oracle=oracle,
+                      references=references, envelope_factor=factor)
 
 
 def _strings(v: Validator, key: str, value: Any) -> tuple[str, ...]:
