@@ -213,3 +213,16 @@ def test_a_script_that_is_not_reproducible_is_told_and_judged_within_an_envelope
     verdict = qualify_script(forgetful, kill, work_root=tmp_path, cache=cache).verdict
     assert verdict.kind is VerdictKind.SILENT and "outside the envelope" in verdict.findings[0], verdict
     assert [p.name for p in tmp_path.iterdir()] == ["cache"] and pids_naming(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_a_hang_says_where_each_rank_of_the_script_waits(tmp_path):
+    job = BlackBoxJob(script=GPT_TRAINER, args=("--out-dir", "{checkpoint_dir}"), launch_timeout_s=45.0)
+    fault = {"kind": "gil_hang", "rank": 1, "step": 6, "phase": "train", "seconds": 600}
+    result = qualify_script(job, fault, work_root=tmp_path, cache=None)
+    assert result.verdict.kind is VerdictKind.HANG, result.verdict
+    waits = [line for line in result.verdict.findings if line.startswith("rank ")]
+    # rank 0 waits for rank 1 inside the gradient all-reduce DDP runs during loss.backward()
+    assert any(line.startswith("rank 0: at ") and "gpt_trainer.py" in line and "in main" in line
+               for line in waits), waits
+    assert list(tmp_path.iterdir()) == [] and pids_naming(tmp_path) == []

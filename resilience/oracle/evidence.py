@@ -87,14 +87,20 @@ def where_waiting(record: RankRecord, stopped: bool) -> str:
     """From a rank's faulthandler dump: the collective it waits in and the first frame outside torch."""
     if stopped:
         return f"rank {record.rank}: stopped (SIGSTOP), so it cannot dump its stack"
-    dump = record.stderr_tail.rsplit("most recent call first", 1)
+    return waiting_place(record.rank, record.stderr_tail)
+
+
+def waiting_place(rank: int, text: str, outside: tuple[str, ...] = ("/torch/",)) -> str:
+    """Where the last faulthandler dump in ``text`` shows the rank: the collective it waits in and
+    the first frame whose path names none of ``outside``."""
+    dump = text.rsplit("most recent call first", 1)
     if len(dump) < 2:
-        return f"rank {record.rank}: no stack dumped"
+        return f"rank {rank}: no stack dumped"
     frames = [m.groupdict() for m in map(FRAME.match, dump[1].splitlines()) if m]
     collective = next((f["func"] for f in frames if f["path"].endswith("distributed_c10d.py")), None)
-    caller = next((f for f in frames if "/torch/" not in f["path"]), None)
+    caller = next((f for f in frames if not any(part in f["path"] for part in outside)), None)
     where = f"{caller['path']}:{caller['line']} in {caller['func']}" if caller else "unknown"
-    return f"rank {record.rank}: " + (f"waiting in {collective}, called from {where}" if collective else f"at {where}")
+    return f"rank {rank}: " + (f"waiting in {collective}, called from {where}" if collective else f"at {where}")
 
 
 def stderr_tails(phase: PhaseResult) -> str:

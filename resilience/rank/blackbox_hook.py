@@ -39,11 +39,13 @@ def install(config_text: str) -> None:
     import faulthandler
     import signal
 
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the driver's HANG report: where it waits
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     incarnation = Incarnation.from_environment(os.environ)
     directory = Path(config["run_dir"]) / incarnation.name
     directory.mkdir(parents=True, exist_ok=True)
+    # the driver's HANG report: where this rank waits (the file stays open for the signal handler)
+    stacks = open(directory / f"rank{rank}.stacks.txt", "w")  # noqa: SIM115
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     events = EventLog(directory / f"rank{rank}.events.jsonl", rank)
     events.emit("started", launch=incarnation.launch, restart_count=incarnation.restart)
     # a restarted rank is in its restore from its start until its first backward

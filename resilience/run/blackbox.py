@@ -50,11 +50,14 @@ from ..faults.roles import HarnessSide
 from ..launch.backend import rank_environment
 from ..oracle.blackbox import RankLog, judge_logs
 from ..oracle.envelope import Envelope, first_difference
+from ..oracle.evidence import waiting_place
 from ..rank.helper_hook import STARTUP_DIR
 from ..scenario.script_case import check_script_fault
 from .supervisor import AgentLaunch, deadline_after, supervise
 
 PLACEHOLDER = "{checkpoint_dir}"
+#: frames that are not the script's own in a rank's stack dump: torch's, and the startup hook's
+OUTSIDE_THE_SCRIPT = ("/torch/", str(PROJECT_ROOT / "resilience" / "rank"))
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,10 @@ class _BlackBoxRun:
             first = self._logs(job_dir, Incarnation(0, 0))
             restart = self._logs(job_dir, restart_incarnation) if restart_incarnation else None
             verdict = judge_logs(reference, first, restart, hung, envelope)
+            if hung:  # where each rank of the launch that hung waits, from its stack dump
+                waits = [waiting_place(int(path.name[4:].split(".")[0]), path.read_text(), OUTSIDE_THE_SCRIPT)
+                         for path in sorted(job_dir.glob(f"launch{launch}.*/rank*.stacks.txt")) if path.stat().st_size]
+                verdict = dataclasses.replace(verdict, findings=verdict.findings + tuple(waits))
             findings = self.harness_side.findings(env, ()) + self.harness_side.notes(env, ())
             if findings:
                 verdict = dataclasses.replace(verdict, findings=verdict.findings + tuple(findings))
