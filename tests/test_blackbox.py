@@ -53,6 +53,8 @@ def test_the_example_script_resuming_from_a_torn_checkpoint_is_loud(tmp_path):
     error = result.verdict.first_error
     assert error.phase == "restart" and "central directory" in error.summary()
     assert [e["offset"] for log in result.first_run for e in log.fault_events] == [4096]
+    # step_8/ moved aside, a fresh restart resumed step_4 and matched the reference: never tried
+    assert result.verdict.intact_step == 4 and "step 4 was intact and never tried" in result.verdict.findings[-1]
 
 
 # -- the contract, the fault and the oracle, without processes --------------------------------------

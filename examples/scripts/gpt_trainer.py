@@ -1,7 +1,8 @@
 """A minimal GPT-style trainer of the common single-file shape: DDP over a plain
 ``init_process_group()``, a per-rank seed, random batches drawn from the global RNG, dropout, AdamW,
 and one checkpoint file, ``ckpt.pt``, overwritten in place by rank 0 every ``--save-interval``
-steps. A run resumes only when told (``--init-from resume``). Each rank prints its own loss.
+steps. A run resumes only when told (``--init-from resume``, or ``auto``: where ckpt.pt exists).
+Each rank prints its own loss.
 
     torchrun --standalone --nproc-per-node 2 examples/scripts/gpt_trainer.py --out-dir out
     torchrun --standalone --nproc-per-node 2 examples/scripts/gpt_trainer.py --out-dir out --init-from resume
@@ -63,7 +64,8 @@ def get_batch(data, batch_size):
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out-dir", required=True)
-    parser.add_argument("--init-from", choices=("scratch", "resume"), default="scratch")
+    parser.add_argument("--init-from", choices=("scratch", "resume", "auto"), default="scratch",
+                        help="auto: resume where ckpt.pt exists (torchrun's own restarts then resume)")
     parser.add_argument("--max-iters", type=int, default=12)
     parser.add_argument("--save-interval", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=4)
@@ -82,7 +84,7 @@ def main():
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, foreach=False)
     iter_num = 0
     ckpt_path = os.path.join(args.out_dir, "ckpt.pt")
-    if args.init_from == "resume":
+    if args.init_from == "resume" or (args.init_from == "auto" and os.path.exists(ckpt_path)):
         checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])

@@ -75,7 +75,9 @@ class ScenarioFile(pytest.File):
         if isinstance(scenario, tuple):  # cases on a user's own script
             for case in scenario:
                 item = ScriptItem.from_parent(self, name=case.id, case=case)
-                item.add_marker(marker_name("fault", case.fault.kind))
+                marker = marker_name("fault", case.fault.kind)
+                self.config.addinivalue_line("markers", f"{marker}: generated from scenario files")
+                item.add_marker(marker)
                 item.add_marker("scenario")
                 item.add_marker("script")
                 if case.tier == "smoke":

@@ -141,14 +141,15 @@ class StepObserver:
 
 
 class WrittenFiles(WriteListener):
-    """Every file the script writes under the checkpoint directory, with the step the rank's clock
-    was at when it was closed (a save after step N, or a re-save right after a restore: step 0)."""
+    """Every file the script opens for writing under the checkpoint directory, with the step the
+    rank's clock was at (a save after step N, or a re-save right after a restore: step 0); at the
+    open, so a file a fault cut short is on record too."""
 
     def __init__(self, emit: Callable[..., None], clock: Any):
         self.emit, self.clock = emit, clock
         self.save_steps: set[int] = set()  # steps in whose save this rank wrote a file
 
-    def after_close(self, file) -> None:
+    def on_open(self, file) -> None:
         if self.clock.phase == "save":
             self.save_steps.add(self.clock.step)
         self.emit("file_written", file=file.relative, step=self.clock.step, phase=self.clock.phase)

@@ -53,6 +53,7 @@ from ..oracle.envelope import Envelope, first_difference
 from ..oracle.evidence import waiting_place
 from ..rank.helper_hook import STARTUP_DIR
 from ..scenario.script_case import check_script_fault
+from .intact_probe import probe_older_checkpoint
 from .supervisor import AgentLaunch, deadline_after, supervise
 
 PLACEHOLDER = "{checkpoint_dir}"
@@ -171,11 +172,22 @@ class _BlackBoxRun:
             findings = self.harness_side.findings(env, ()) + self.harness_side.notes(env, ())
             if findings:
                 verdict = dataclasses.replace(verdict, findings=verdict.findings + tuple(findings))
+            if restart is not None and not hung:
+                verdict = probe_older_checkpoint(verdict, reference, first, job_dir / "checkpoints",
+                                                 self.work_dir / "aside", lambda: self._restart_again(job_dir),
+                                                 envelope)
         finally:
             self.harness_side.teardown(env)
         return BlackBoxResult(verdict=verdict, reference=tuple(reference), first_run=tuple(first),
                               restart=tuple(restart) if restart is not None else None,
                               restart_incarnation=restart_incarnation, work_dir=self.work_dir)
+
+    def _restart_again(self, job_dir: Path) -> list[RankLog] | None:
+        """One more restart without a fault (launch 2), for the intact-checkpoint probe."""
+        if self._launch(job_dir, fault=None, launch=2, args=self.job.restart_args or self.job.args, restarts=0):
+            return None
+        started = (job_dir / Incarnation(2, 0).name).is_dir()
+        return self._logs(job_dir, Incarnation(2, 0)) if started else None
 
     def _runs(self) -> int:
         return max(2, self.job.references) if self.job.oracle == "envelope" else max(1, self.job.references)
