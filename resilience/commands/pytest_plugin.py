@@ -100,7 +100,21 @@ class ScenarioFile(pytest.File):
         return super().repr_failure(excinfo, style=style)
 
 
-class ScenarioItem(pytest.Item):
+class CaseItem(pytest.Item):
+    """What a case item of either kind reports: its own failure text, its name and id."""
+
+    case: Case | ScriptCase
+
+    def repr_failure(self, excinfo, style=None):
+        if excinfo.errisinstance((CaseFailed, HarnessError)):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self):
+        return self.path, None, f"{self.case.name} [{self.case.id}]"
+
+
+class ScenarioItem(CaseItem):
     def __init__(self, *, case: Case, **kwargs):
         super().__init__(**kwargs)
         self.case = case
@@ -132,16 +146,8 @@ class ScenarioItem(pytest.Item):
                 if record.stderr_tail.strip():
                     self.add_report_section("call", f"{phase.name} rank {record.rank} stderr", record.stderr_tail)
 
-    def repr_failure(self, excinfo, style=None):
-        if excinfo.errisinstance((CaseFailed, HarnessError)):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo, style=style)
 
-    def reportinfo(self):
-        return self.path, None, f"{self.case.name} [{self.case.id}]"
-
-
-class ScriptItem(pytest.Item):
+class ScriptItem(CaseItem):
     """A case on a user's own script: black-box mode (`run.blackbox`), judged by the same rules."""
 
     def __init__(self, *, case: ScriptCase, **kwargs):
@@ -164,11 +170,3 @@ class ScriptItem(pytest.Item):
         if outcome.status == "failed":
             raise CaseFailed(f"{self.case.source} [{self.case.id}] {self.case.name}: {outcome.reason}\n"
                              f"{describe(result)}")
-
-    def repr_failure(self, excinfo, style=None):
-        if excinfo.errisinstance((CaseFailed, HarnessError)):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo, style=style)
-
-    def reportinfo(self):
-        return self.path, None, f"{self.case.name} [{self.case.id}]"

@@ -7,7 +7,6 @@ pieces: `safe_yaml` (bounded, strict YAML), `matrix` (cases and their ids), `val
 """
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 from ..core.case import Case, Scenario, ScriptCase
 from ..errors import ScenarioError
 from .checks import Problems, Validator, parse_size
-from .matrix import MAX_CASES, expand_matrix, set_path
+from .matrix import MAX_CASES, expand_cases
 from .safe_yaml import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES, parse_yaml, read_scenario_text
 from .schema import DEFAULT_TIMEOUTS, RESTART_KEYS, TOP_KEYS, TOPOLOGY_KEYS, TRIGGER_KEYS, WORKLOAD_KEYS
 from .script_case import is_script_document, load_script_document
@@ -57,24 +56,7 @@ def load_document(document: Any, source: str) -> Scenario:
                             "scenarios/) or `resilience blackbox`; this command takes scenarios on strategies")
     problems = Problems(source)
     doc = Validator(source, problems=problems).mapping("", document, TOP_KEYS)
-    try:
-        expanded = expand_matrix(source, doc.pop("matrix", None))
-    except ScenarioError as exc:  # no case to check: the document's own problems and this one
-        problems.add(exc)
-        raise problems.error() from None
-    cases = []
-    for case_id, overrides in expanded:
-        case_doc = copy.deepcopy(doc)
-        try:
-            for key_path, value in overrides:
-                set_path(source, case_doc, key_path, value)
-        except ScenarioError as exc:
-            problems.add(exc)
-            continue
-        case = check_case(case_doc, source, case_id, f" (matrix case {case_id})" if case_id else "", problems)
-        if case is not None:
-            cases.append(case)
-    problems.raise_any()
+    cases = expand_cases(source, doc, TOP_KEYS, problems, check_case)
     return Scenario(path=source, name=cases[0].name, cases=tuple(cases))
 
 

@@ -9,9 +9,11 @@ import copy
 import itertools
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import ScenarioError
+from .checks import Problems
 from .schema import SHORT_FORMS, TOP_KEYS
 
 MAX_CASES = 1_000  # the matrix multiplies a small file into cases: refused past this
@@ -20,6 +22,31 @@ OUTCOME_KEYS = ("expect", "known_issue", "name", "description")  # in a case id 
 KEY_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 Overrides = list[tuple[str, Any]]
+
+
+def expand_cases(source: str, doc: dict, top_keys: tuple[str, ...], problems: Problems,
+                 check: Callable[[dict, str, str, str, Problems], Any]) -> list:
+    """Each case of a checked document (its ``matrix`` applied), checked by
+    ``check(case_doc, source, case_id, where, problems)``; raises every problem of every case at once."""
+    try:
+        expanded = expand_matrix(source, doc.pop("matrix", None), top_keys)
+    except ScenarioError as exc:  # no case to check: the document's own problems and this one
+        problems.add(exc)
+        raise problems.error() from None
+    cases = []
+    for case_id, overrides in expanded:
+        case_doc = copy.deepcopy(doc)
+        try:
+            for key_path, value in overrides:
+                set_path(source, case_doc, key_path, value)
+        except ScenarioError as exc:
+            problems.add(exc)
+            continue
+        case = check(case_doc, source, case_id, f" (matrix case {case_id})" if case_id else "", problems)
+        if case is not None:
+            cases.append(case)
+    problems.raise_any()
+    return cases
 
 
 def expand_matrix(source: str, matrix: Any, top_keys: tuple[str, ...] = TOP_KEYS) -> list[tuple[str, Overrides]]:

@@ -16,18 +16,16 @@ are available (`script_faults`; each fault says why not: ``Fault.script_problem`
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..core import registry
 from ..core.case import FaultSpec, ScriptCase, ScriptSpec
-from ..errors import ScenarioError
 from .checks import Problems, Validator
-from .matrix import expand_matrix, set_path
+from .matrix import expand_cases
 from .schema import MAX_WORLD_SIZE
-from .validate import check_expect, check_fault, check_known_issue, check_timeouts
+from .validate import check_expectations, check_fault
 
 SCRIPT_TOP_KEYS = ("name", "description", "tier", "script", "fault", "expect", "known_issue", "timeouts", "matrix")
 SCRIPT_KEYS = ("path", "args", "restart_args", "nproc_per_node", "max_restarts", "env", "oracle", "references",
@@ -71,25 +69,7 @@ def load_script_document(document: dict, source: str) -> tuple[ScriptCase, ...]:
     """Every case of a script scenario, or one `ScenarioError` listing each problem of every case."""
     problems = Problems(source)
     doc = Validator(source, problems=problems).mapping("", document, SCRIPT_TOP_KEYS)
-    try:
-        expanded = expand_matrix(source, doc.pop("matrix", None), SCRIPT_TOP_KEYS)
-    except ScenarioError as exc:
-        problems.add(exc)
-        raise problems.error() from None
-    cases = []
-    for case_id, overrides in expanded:
-        case_doc = copy.deepcopy(doc)
-        try:
-            for key_path, value in overrides:
-                set_path(source, case_doc, key_path, value)
-        except ScenarioError as exc:
-            problems.add(exc)
-            continue
-        case = check_script_case(case_doc, source, case_id, f" (matrix case {case_id})" if case_id else "", problems)
-        if case is not None:
-            cases.append(case)
-    problems.raise_any()
-    return tuple(cases)
+    return tuple(expand_cases(source, doc, SCRIPT_TOP_KEYS, problems, check_script_case))
 
 
 def check_script_case(doc: dict, source: str, case_id: str, where: str, problems: Problems) -> ScriptCase | None:
@@ -102,11 +82,7 @@ def check_script_case(doc: dict, source: str, case_id: str, where: str, problems
     fault = None
     if script is not None:
         fault = v.section("fault", _checked_fault, v, doc.get("fault", {"kind": "none"}), script.nproc_per_node)
-    expect = v.section("expect", check_expect, v, doc.get("expect"))
-    known_issue = None
-    if v.ok("expect"):
-        known_issue = v.section("known_issue", check_known_issue, v, doc.get("known_issue"), expect)
-    timeouts = v.section("timeouts", check_timeouts, v, doc.get("timeouts", {}))
+    expect, known_issue, timeouts = check_expectations(v, doc)
     if v.found_any:
         return None
     return ScriptCase(id=case_id or "case", source=source, name=name, description=description, tier=tier,

@@ -78,17 +78,22 @@ def check_case(document: Any, source: str, case_id: str = "", where: str = "",
         problem = check_object_store(object_store, strategy, fault)
         if problem:
             v.note(v.error(*problem))
-    expect = v.section("expect", check_expect, v, doc.get("expect"))
-    known_issue = None
-    if v.ok("expect"):
-        known_issue = v.section("known_issue", check_known_issue, v, doc.get("known_issue"), expect)
-    timeouts = v.section("timeouts", check_timeouts, v, doc.get("timeouts", {}))
+    expect, known_issue, timeouts = check_expectations(v, doc)
     if v.found_any:
         return None
     return Case(id=case_id or "case", source=source, name=name, description=description, tier=tier,
                 strategy=strategy, workload=workload, fault=fault, restart=restart, expect=expect,
                 known_issue=known_issue, timeouts=timeouts, document=doc, topology=topology,
                 object_store=object_store)
+
+
+def check_expectations(v: Validator, doc: dict) -> tuple[Expect | None, KnownIssue | None, Timeouts | None]:
+    """A case's ``expect``, ``known_issue`` and ``timeouts`` (each None with its problem noted)."""
+    expect = v.section("expect", check_expect, v, doc.get("expect"))
+    known_issue = None
+    if v.ok("expect"):
+        known_issue = v.section("known_issue", check_known_issue, v, doc.get("known_issue"), expect)
+    return expect, known_issue, v.section("timeouts", check_timeouts, v, doc.get("timeouts", {}))
 
 
 FILE_POINTS = ("open", "write", "fsync", "close")  # points of intercepted file writes
