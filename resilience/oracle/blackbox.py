@@ -128,11 +128,12 @@ def _matching_step(states: dict[int, dict[str, str]], part: str, value: str) -> 
 
 
 def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list[RankLog] | None,
-               hung: str | None, envelope: Envelope | None = None) -> Verdict:
+               hung: str | None, envelope: Envelope | None = None, fallback_ok: bool = False) -> Verdict:
     """``reference``: the uninterrupted run, one log per rank; ``first_run`` and ``restart``: one
     log per rank (``restart`` None when the job never restarted); ``hung``: the part past its
     deadline. Each rank is judged against its own reference, bitwise, or within ``envelope``
-    (a script that is not reproducible)."""
+    (a script that is not reproducible). ``fallback_ok``: an older checkpoint than the newest
+    complete one may be restored (the intact-checkpoint probe hid the newest)."""
     expected = {log.rank: log.step_losses() for log in reference}
     final_step = max((max(losses, default=0) for losses in expected.values()), default=0)
     divergence, silent = None, []
@@ -156,7 +157,7 @@ def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list
         silent += restore.silent
         notes += restore.notes
         restored_step = restore.steps.get(0)
-        found, more = rules.restore_findings(restore.steps, complete, False, "the losses after it match")
+        found, more = rules.restore_findings(restore.steps, complete, fallback_ok, "the losses after it match")
         silent += found
         notes += more
         for log in restart:

@@ -50,7 +50,7 @@ def probe_older_checkpoint(verdict: Verdict, reference: list[RankLog], first_run
             shutil.move(source, aside_dir / relative)
             _remove_empty_parents(source.parent, checkpoint_dir)
     logs = restart_once_more()
-    probed = judge_logs(reference, first_run, logs, None, envelope) if logs is not None else None
+    probed = judge_logs(reference, first_run, logs, None, envelope, fallback_ok=True) if logs is not None else None
     if probed is not None and probed.kind is VerdictKind.RECOVERED and probed.restored_step is not None \
             and probed.restored_step < step:
         note = (f"refused; step {probed.restored_step} was intact and never tried (with the {len(files)} file(s) "
