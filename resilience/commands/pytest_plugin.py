@@ -105,6 +105,11 @@ class CaseItem(pytest.Item):
 
     case: Case | ScriptCase
 
+    def reference_cache(self) -> ReferenceCache | None:
+        """Where the uninterrupted runs are cached (``--resilience-no-cache``: nowhere)."""
+        options = self.config.option
+        return None if options.resilience_no_cache else ReferenceCache(options.resilience_cache or default_cache_dir())
+
     def repr_failure(self, excinfo, style=None):
         if excinfo.errisinstance((CaseFailed, HarnessError)):
             return str(excinfo.value)
@@ -122,10 +127,8 @@ class ScenarioItem(CaseItem):
 
     def runtest(self) -> None:
         options = self.config.option
-        cache = None if options.resilience_no_cache else ReferenceCache(
-            options.resilience_cache or default_cache_dir())
         harness = Harness(backend=BACKENDS[options.resilience_backend](), work_root=options.resilience_workdir,
-                          keep=options.resilience_keep, cache=cache)
+                          keep=options.resilience_keep, cache=self.reference_cache())
         try:
             self.result = harness.run(self.case)
         except FaultUnavailable as exc:
@@ -157,10 +160,8 @@ class ScriptItem(CaseItem):
     def runtest(self) -> None:
         options = self.config.option
         try:
-            cache = None if options.resilience_no_cache else ReferenceCache(
-                options.resilience_cache or default_cache_dir())
             result = run_script_case(self.case, work_root=options.resilience_workdir, keep=options.resilience_keep,
-                                     cache=cache)
+                                     cache=self.reference_cache())
         except FaultUnavailable as exc:
             pytest.skip(f"fault {self.case.fault.kind} unavailable here: {exc}")
         self.user_properties.append(("verdict", result.verdict.kind.value))

@@ -5,7 +5,7 @@ import enum
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 from .topology import Topology
 
@@ -27,6 +27,7 @@ EXPECTED_VERDICT = {Outcome.RECOVERS: VerdictKind.RECOVERED, Outcome.FAILS_LOUDL
 
 @dataclass(frozen=True)
 class WorkloadSpec:
+    world_size_key: ClassVar[str] = "workload.world_size"  # where an error points for a rank's range
     model: str
     world_size: int
     steps: int

@@ -51,7 +51,7 @@ class RankLog:
                    errors=tuple(e for e in events if e["event"] == "error"),
                    fault_events=tuple(e for e in events if e["event"] == "fault_fired"),
                    observed={e["step"]: e["loss"] for e in observed},
-                   digests={e["step"]: e["digest"] for e in observed if "digest" in e},
+                   digests={e["step"]: e["digest"] for e in observed},
                    written=tuple((e["file"], e["step"], e["phase"]) for e in events if e["event"] == "file_written"),
                    after={e["step"]: e["digest"] for e in events if e["event"] == "step_done"})
 
@@ -71,11 +71,6 @@ class RankLog:
         if 1 in self.digests:
             states[0] = self.digests[1]
         return states
-
-    def saved_steps(self) -> set[int]:
-        """Steps whose save returned on this rank: the contract's lines, or the hook's (a save it
-        wrote files in, then trained past or ended normally after)."""
-        return set(self.saved)
 
 
 @dataclass(frozen=True)
@@ -147,7 +142,7 @@ def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list
     saved: dict[int, set[int]] = {}
     for log in first_run:
         if log.rank in writers:
-            for step in log.saved_steps():
+            for step in log.saved:  # the contract's lines, or the hook's (see RankPlace)
                 saved.setdefault(step, set()).add(log.rank)
     complete = rules.newest_complete_save(saved, len(writers))
 

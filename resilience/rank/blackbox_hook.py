@@ -58,7 +58,7 @@ def install(config_text: str) -> None:
                 listeners=[written])
     place = RankPlace(clock, fault, written, events.emit)
     atexit.register(place.exiting)
-    StepObserver(events.emit, place.move, place.save_returned, digest=config.get("digest", True)).install()
+    StepObserver(events.emit, place.move, place.save_returned).install()
     sys.stdout = ContractReader(sys.stdout, events, place)
     previous_hook = sys.excepthook
 

@@ -15,9 +15,9 @@ A step is observed through two hooks torch offers every loop:
 
 Before the boundary's optimizer step, the rank's state is digested in parts (`state_digest`): the
 parameters the optimizer steps, its per-parameter state (moments, step counts; not the
-hyperparameters a loop rewrites, such as ``lr``) and the RNG streams. The restored step of a
-restart is the reference step whose parameters digest the same; the other parts then say what
-else came back.
+hyperparameters a loop rewrites, such as ``lr``) and the RNG streams; after it, the state a save
+of that step holds. The restored step of a restart is the step whose saved state holds the
+parameters the restarted rank starts from; the other parts then say what else came back.
 
 Where the hooks cannot see the loop (closures that call backward inside ``optimizer.step``,
 pipeline schedules that call backward per micro-batch outside autograd's entry point, a loop with
@@ -80,8 +80,8 @@ class StepObserver:
     """
 
     def __init__(self, emit: Callable[..., None], on_phase: Callable[[str, int], None],
-                 on_save_returned: Callable[[int], None], digest: bool = True):
-        self.emit, self.on_phase, self.on_save_returned, self.digest = emit, on_phase, on_save_returned, digest
+                 on_save_returned: Callable[[int], None]):
+        self.emit, self.on_phase, self.on_save_returned = emit, on_phase, on_save_returned
         self.steps = 0  # boundaries seen
         self.micro_losses: list[float] = []
         self.depth = 0  # nesting of backward calls (any thread: the engine's re-entrant ones too)
@@ -125,17 +125,15 @@ class StepObserver:
             return  # no backward since the last boundary: the same step's second optimizer call
         self.steps += 1
         self.at_boundary = True
-        record = {"step": self.steps, "loss": sum(self.micro_losses), "micro_losses": self.micro_losses}
-        if self.digest:
-            record["digest"] = state_digest(optimizer)
-        self.emit("observed_step", **record)
+        self.emit("observed_step", step=self.steps, loss=sum(self.micro_losses), micro_losses=self.micro_losses,
+                  digest=state_digest(optimizer))
         self.micro_losses = []
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.at_boundary:
             return
-        if self.digest:  # the state a save of this step holds: what a restart's first step must start from
-            self.emit("step_done", step=self.steps, digest=state_digest(optimizer, rng=False))
+        # the state a save of this step holds: what a restart's first step must start from
+        self.emit("step_done", step=self.steps, digest=state_digest(optimizer, rng=False))
         self.at_boundary = self.training = False
         self.on_phase("save", self.steps)
 

@@ -115,11 +115,8 @@ def qualify_script(job: BlackBoxJob, fault: Mapping[str, Any] | None, *, work_ro
 def run_script_case(case: ScriptCase, *, work_root: Path | None = None, keep: bool = False,
                     cache: DirectoryCache | None = None) -> BlackBoxResult:
     """A scenario file's case on a user's script; its phase timeout bounds each torchrun launch."""
-    script = case.script
-    job = BlackBoxJob(script=Path(script.path), args=script.args, restart_args=script.restart_args,
-                      nproc_per_node=script.nproc_per_node, max_restarts=script.max_restarts, env=script.env,
-                      launch_timeout_s=case.timeouts.phase_s, oracle=script.oracle, references=script.references,
-                      envelope_factor=script.envelope_factor)
+    spec = {f.name: getattr(case.script, f.name) for f in dataclasses.fields(case.script) if f.name != "path"}
+    job = BlackBoxJob(script=Path(case.script.path), launch_timeout_s=case.timeouts.phase_s, **spec)
     with janitor.temporary_directory("resilience-blackbox-", work_root, keep) as work_dir:
         return _BlackBoxRun(job, case.fault, work_dir.resolve(), cache).run()
 
@@ -158,6 +155,7 @@ class _BlackBoxRun:
                 args = self.job.args if launch == 0 else (self.job.restart_args or self.job.args)
                 restarts = 0 if separate and launch == 0 else self.job.max_restarts
                 hung = self._launch(job_dir, fault=self.fault, launch=launch, args=args, restarts=restarts)
+                last_launch = launch
                 if hung or self._restart_incarnation(job_dir):
                     break
                 self.harness_side.heal(env)
@@ -166,8 +164,9 @@ class _BlackBoxRun:
             restart = self._logs(job_dir, restart_incarnation) if restart_incarnation else None
             verdict = judge_logs(reference, first, restart, hung, envelope)
             if hung:  # where each rank of the launch that hung waits, from its stack dump
+                dumps = sorted(job_dir.glob(f"launch{last_launch}.*/rank*.stacks.txt"))
                 waits = [waiting_place(int(path.name[4:].split(".")[0]), path.read_text(), OUTSIDE_THE_SCRIPT)
-                         for path in sorted(job_dir.glob(f"launch{launch}.*/rank*.stacks.txt")) if path.stat().st_size]
+                         for path in dumps if path.stat().st_size]
                 verdict = dataclasses.replace(verdict, findings=verdict.findings + tuple(waits))
             findings = self.harness_side.findings(env, ()) + self.harness_side.notes(env, ())
             if findings:

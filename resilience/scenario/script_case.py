@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ..core import registry
 from ..core.case import FaultSpec, ScriptCase, ScriptSpec
 from .checks import Problems, Validator
 from .matrix import expand_cases
-from .schema import MAX_WORLD_SIZE
+from .schema import MAX_WORLD_SIZE, TIERS
 from .validate import check_expectations, check_fault
 
 SCRIPT_TOP_KEYS = ("name", "description", "tier", "script", "fault", "expect", "known_issue", "timeouts", "matrix")
@@ -40,6 +40,7 @@ class ScriptBounds:
 
     world_size: int
     steps: int = 1_000_000
+    world_size_key: ClassVar[str] = "script.nproc_per_node"  # where an error points for the rank's range
 
     @property
     def checkpoint_steps(self) -> range:
@@ -77,7 +78,7 @@ def check_script_case(doc: dict, source: str, case_id: str, where: str, problems
     name = v.section("name", v.string, "name", doc.get("name"))
     description = v.section("description", v.string, "description", doc["description"]) \
         if doc.get("description") is not None else name
-    tier = v.section("tier", v.choice, "tier", doc.get("tier", "full"), ("smoke", "full"))
+    tier = v.section("tier", v.choice, "tier", doc.get("tier", "full"), TIERS)
     script = v.section("script", check_script, v, doc.get("script"), Path(source).parent)
     fault = None
     if script is not None:

@@ -187,7 +187,7 @@ def check_fault(v: Validator, value: Any, workload: WorkloadSpec) -> FaultSpec:
 def check_trigger(v: Validator, doc: dict, workload: WorkloadSpec, cls: type) -> Trigger:
     if cls.needs_rank:
         rank = v.integer("fault.rank", doc.get("rank"), 0, workload.world_size - 1,
-                         f"0..{workload.world_size - 1} (workload.world_size is {workload.world_size})")
+                         f"0..{workload.world_size - 1} ({workload.world_size_key} is {workload.world_size})")
     elif "rank" in doc:
         raise v.error("fault.rank", f"a {cls.kind} fault hits every rank at once; leave rank out", doc["rank"])
     else:
