@@ -72,7 +72,7 @@ def test_contract_lines_parse_exactly_and_other_output_is_ignored():
 
 
 @pytest.mark.parametrize("document, key", [
-    ({"kind": "stall", "rank": 0, "step": 1}, "fault.kind"),
+    ({"kind": "node_loss", "rank": 0, "step": 1}, "fault.kind"),
     ({"kind": "kill", "rank": -1, "step": 1}, "fault.rank"),
     ({"kind": "kill", "rank": 0, "step": 1, "phase": "load"}, "fault.phase"),
     ({"kind": "kill", "rank": 0, "step": 1, "point": "write", "file": "x"}, "fault.after_bytes"),
@@ -152,7 +152,7 @@ def test_a_script_scenario_loads_its_cases_and_names_the_key_of_each_mistake(tmp
     with pytest.raises(ScenarioError, match=r"script\.path: no such file"):
         load_any_file(write_script_scenario(tmp_path, script="missing.py"))
     with pytest.raises(ScenarioError, match=r"fault\.kind: not available on a user's script: it drives"):
-        load_any_file(write_script_scenario(tmp_path, fault="{kind: stall, rank: 0, step: 2, seconds: 1}"))
+        load_any_file(write_script_scenario(tmp_path, fault="{kind: node_loss, rank: 0, step: 2}"))
     path = write_script_scenario(tmp_path)
     with pytest.raises(ScenarioError, match=r"script: a scenario on a user's own script runs under pytest"):
         load_file(path)

@@ -32,6 +32,9 @@ class HarnessSide:
     #: whether the harness calls ``supervise`` while the first run goes on (run.harness, and the
     #: torchrun launcher, which refuses a supervising fault unless its node's driver can drive it)
     supervises: ClassVar[bool] = False
+    #: whether ``supervise`` acts on the ranks only by signals to their pids, which reach any
+    #: launcher's ranks: a user's own script under torchrun too (read by ``Fault.script_problem``)
+    supervises_by_signals: ClassVar[bool] = False
     #: whether the harness hands the case to the crash-state explorer (`resilience.run.explore`)
     #: after the first run (run.harness and the ``explore`` command read it before the case runs)
     explores: ClassVar[bool] = False

@@ -41,7 +41,7 @@ from ..core import janitor, registry
 from ..core.case import FaultSpec, ScriptCase
 from ..core.directory_cache import DirectoryCache
 from ..core.elastic_layout import LAUNCH_ENV, Incarnation, incarnations_in
-from ..core.events import read_events, tail
+from ..core.events import EventFollower, read_events, tail
 from ..core.paths import PROJECT_ROOT
 from ..core.records import Verdict
 from ..errors import HarnessError, NotReproducible, ScenarioError
@@ -241,7 +241,17 @@ class _BlackBoxRun:
         # the marker: every rank's command line names the script (our torchrun's ranks: see AgentLaunch)
         group = AgentLaunch(self.command(run_dir, args, restarts), env, run_dir / f"torchrun.launch{launch}.log",
                             lambda: run_dir.glob("launch*/rank*.events.jsonl"), marker=str(self.job.script))
-        end = supervise(group, deadline_after(self.job.launch_timeout_s), lambda: self._check_contract(run_dir))
+        def armed() -> list[Path]:  # the armed incarnation's: a restart's ranks must not get its signals
+            return sorted(run_dir.glob(f"{Incarnation(launch, 0).name}/rank*.events.jsonl"))
+
+        events = EventFollower(armed)
+
+        def watch() -> None:
+            self._check_contract(run_dir)
+            if launch == 0 and fault is not None and self.harness_side.supervises:  # preempt, stall: by signals
+                self.harness_side.supervise(events(), group.rank_handles(self.job.nproc_per_node, armed()))
+
+        end = supervise(group, deadline_after(self.job.launch_timeout_s), watch)
         return f"launch {launch} of {run_dir.name}" if end.status == "deadline" else None
 
     def _check_contract(self, run_dir: Path) -> None:

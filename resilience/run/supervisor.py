@@ -142,18 +142,20 @@ class AgentLaunch(RankGroup):
     def poll(self) -> list[int | None]:
         return [self.launcher.poll()]
 
-    def live_ranks(self) -> dict[int, int]:
+    def live_ranks(self, event_files: Iterable[Path] | None = None) -> dict[int, int]:
+        """rank -> pid of the ranks alive and ours, from ``event_files`` (default: the launch's)."""
         live = {}
-        for path in self.event_files():
+        for path in self.event_files() if event_files is None else event_files:
             for event in read_events(path)[:1]:
                 if self._is_ours(event["pid"]):
                     live[event["rank"]] = event["pid"]
         return live
 
-    def rank_handles(self, world_size: int) -> list[NodeRank]:
+    def rank_handles(self, world_size: int, event_files: Iterable[Path] | None = None) -> list[NodeRank]:
         """A handle per rank of the group for a fault's ``supervise``: this node's live ranks can be
-        signalled; another node's are its own driver's (``is_ours`` False, signals go nowhere)."""
-        live = self.live_ranks()
+        signalled; another node's are its own driver's (``is_ours`` False, signals go nowhere).
+        ``event_files``: one incarnation's, where a restart's ranks must not get its signals."""
+        live = self.live_ranks(event_files)
         return [NodeRank(rank, live.get(rank)) for rank in range(world_size)]
 
     def destroy(self) -> None:

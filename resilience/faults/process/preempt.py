@@ -30,6 +30,7 @@ class Preempt(Fault, WriteListener):
     byte_points = ("start",)
     params: ClassVar[dict] = {"ranks": (("all", "trigger"), "all"), "grace": (float, 30.0)}
     supervises = True
+    supervises_by_signals = True
 
     def __init__(self, spec):
         super().__init__(spec)

@@ -25,6 +25,7 @@ class Stall(Fault):
     byte_points = ()
     params = {"seconds": (float, None), "scope": (("rank", "node"), "rank")}
     supervises = True
+    supervises_by_signals = True
     #: scope node under torchrun on several nodes: the trigger node's driver drives it for its own ranks
     node_scoped = True
 
@@ -36,7 +37,10 @@ class Stall(Fault):
         self.seen_stopped: tuple[int, ...] = ()  # those of them still stopped when resumed (/proc says so)
 
     def setup(self, env) -> None:
-        self.placement = env.case.placement
+        self.placement = env.case.placement if env.case is not None else None  # a script: one node
+
+    def _node_of(self, rank: int) -> int:
+        return self.placement.node_of(rank) if self.placement is not None else 0
 
     # -- rank side ----------------------------------------------------------------------------
     def at(self, phase: str, step: int) -> None:
@@ -51,9 +55,9 @@ class Stall(Fault):
                 continue
             rank = ranks[event["rank"]]
             if self.spec.params.get("scope") == "node" and not self.node_stopped and rank.is_stopped():
-                node = self.placement.node_of(event["rank"])
+                node = self._node_of(event["rank"])
                 self.node_stopped = tuple(r for r in range(len(ranks))
-                                          if r != event["rank"] and self.placement.node_of(r) == node)
+                                          if r != event["rank"] and self._node_of(r) == node)
                 for mate in self.node_stopped:
                     ranks[mate].signal(signal.SIGSTOP)
             # resume only a rank that has really stopped: a SIGCONT sent first would be lost
@@ -67,6 +71,6 @@ class Stall(Fault):
     def notes(self, env, phases) -> tuple[str, ...]:
         if not self.node_stopped:
             return ()
-        return (f"node {self.placement.node_of(self.trigger.rank)} frozen: rank {self.trigger.rank} stopped "
+        return (f"node {self._node_of(self.trigger.rank)} frozen: rank {self.trigger.rank} stopped "
                 f"itself, ranks {list(self.node_stopped)} stopped with it (found stopped when resumed: "
                 f"{list(self.seen_stopped)}), all resumed together",)
