@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from resilience.commands import cli
-from resilience.commands.qualify import matches
+from resilience.commands.qualify_cases import keyword_filter
 from resilience.errors import ResilienceError
 from resilience.measure.environment import mount_of, parse_mountinfo
 from resilience.scenario.loader import load_document
@@ -174,11 +174,11 @@ def test_browser_check_sees_a_page_error(tmp_path):
 
 def test_keyword_selection_uses_pytest_expressions():
     case = load_document({**BROKEN, "strategy": "torch.rank0"}, "scenarios/x.scenario.yaml").cases[0]
-    assert matches(case, "rank0 and kill")
-    assert not matches(case, "rank0 and not kill")
-    assert matches(case, None)
+    assert keyword_filter("rank0 and kill")(case)
+    assert not keyword_filter("rank0 and not kill")(case)
+    assert keyword_filter(None)(case)
     with pytest.raises(ResilienceError, match=r"-k 'rank0 and': .*allowed: words joined by and"):
-        matches(case, "rank0 and")
+        keyword_filter("rank0 and")(case)
 
 
 def test_malformed_keyword_expression_is_refused(tmp_path, capsys):
@@ -208,3 +208,31 @@ def test_mount_of_picks_the_innermost_mount():
     assert mount_of(Path("/mnt/ckpt/run1"), text).fs_type == "tmpfs"
     assert mount_of(Path("/mnt/ck pt"), text).fs_type == "nfs"
     assert mount_of(Path("/mnt/ckptx"), text).fs_type == "ext4"
+
+
+def test_a_script_scenario_is_qualified_beside_the_strategies(tmp_path, capsys):
+    """A case on a user's script (preempted, restarted by torchrun) and a pinned one in the same
+    report: verdicts, the script as the matrix row, the restart's losses at their real steps."""
+    script = ROOT / "examples" / "scripts" / "gpt_trainer.py"
+    (tmp_path / "gpt.scenario.yaml").write_text(yaml.safe_dump({
+        "name": "gpt trainer", "script": {"path": str(script), "args": ["--out-dir", "{checkpoint_dir}"],
+                                          "restart_args": ["--out-dir", "{checkpoint_dir}", "--init-from", "resume"]},
+        "fault": {"kind": "preempt", "rank": 1, "step": 6, "phase": "train", "grace": 5}, "expect": "recovers",
+        "matrix": [{"fault.kind": "preempt"},
+                   {"fault": {"kind": "truncate", "rank": 0, "step": 8, "file": "ckpt.pt"},
+                    "expect": "fails_loudly"}]}))
+    out = tmp_path / "report"
+    code = cli.main(["qualify", str(tmp_path), "--out", str(out), "--no-throughput", "--cache", str(tmp_path / "c")])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    report = json.loads((out / "report.json").read_text())
+    preempted, truncated = sorted(report["cases"], key=lambda case: case["fault"])
+    assert (preempted["verdict"], truncated["verdict"]) == ("RECOVERED", "LOUD"), printed
+    assert preempted["strategy"] == "script gpt_trainer.py --out-dir '{checkpoint_dir}'"
+    assert preempted["restored_step"] == 4 and preempted["steps_lost"] == max(
+        step for step, _ in preempted["first_run_losses"]) - 4
+    restored = dict(preempted["restored_losses"])
+    assert min(restored) == 5 and restored == {step: loss for step, loss in preempted["reference_losses"] if step > 4}
+    assert preempted["replay"].startswith("python -m pytest ") and "::" in preempted["replay"]
+    assert report["lost_work"][0]["restart_s"] is None  # a script's restart is torchrun's: not timed
+    assert "gpt_trainer.py" in (out / "report.html").read_text()

@@ -19,27 +19,25 @@ import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from ..core import janitor, registry
 from ..core.case import Case
-from ..errors import ResilienceError, Unavailable
+from ..errors import ResilienceError
 from ..launch.backend import BACKENDS, DEFAULT_BACKEND
 from ..measure.environment import describe
 from ..measure.fsprobe import DEFAULT_SIZE, measure_write_bandwidth
 from ..measure.throughput import StrategyThroughput, measure
-from ..oracle.outcome import judge_case
 from ..report import html as qualify_html
 from ..report import junit
 from ..report.lost_work import per_strategy
-from ..report.qualification import CaseRecord, Qualification
+from ..report.qualification import Qualification
 from ..run import launchers
 from ..run.harness import Harness
 from ..run.reference_cache import ReferenceCache, default_cache_dir
-from ..scenario.discovery import load_cases
 from ..scenario.loader import parse_size
 from .case_loop import skips_fail
+from .qualify_cases import run_cases, select
 
 STAGGER_SHOWN = 1  # the per-rank scheme is also measured writing one rank at a time
 
@@ -70,57 +68,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ranks in the throughput cases (default %(default)s)")
     parser.add_argument("--no-throughput", action="store_true",
                         help="skip the filesystem probe and the throughput cases")
-
-
-def keyword_filter(expression: str | None) -> Callable[[Case], bool]:
-    """pytest's -k language over the words that name a case (its id, file, name, strategy, fault)."""
-    if not expression:
-        return lambda case: True
-    from _pytest.mark.expression import (
-        Expression,  # the same grammar users know from pytest
-    )
-
-    try:
-        compiled = Expression.compile(expression)
-    except Exception as exc:  # pytest's ParseError: a malformed expression
-        raise ResilienceError(f"-k {expression!r}: {exc}; allowed: words joined by and, or, not and "
-                              "parentheses, each matched as a substring of a case's id, file, strategy or "
-                              "fault") from None
-
-    def selected(case: Case) -> bool:
-        words = [case.id, case.source, Path(case.source).name, case.name, case.strategy.name, case.fault.kind]
-        return compiled.evaluate(lambda name, **_: any(name.lower() in word.lower() for word in words))
-
-    return selected
-
-
-def matches(case: Case, expression: str | None) -> bool:
-    return keyword_filter(expression)(case)
-
-
-def select(paths: list[str], expression: str | None) -> tuple[list[Case], list[str]]:
-    """The selected cases, and the load errors of files that could not be read (each names the file)."""
-    return load_cases(paths, keyword_filter(expression))
-
-
-def run_cases(cases: list[Case], run_case: Callable[[Case], object], progress) -> list[CaseRecord]:
-    records = []
-    for index, case in enumerate(cases, 1):
-        started = time.monotonic()
-        try:
-            result = run_case(case)
-            record = CaseRecord.of(result, judge_case(result), time.monotonic() - started)
-        except Unavailable as exc:
-            record = CaseRecord.not_run(case, "skipped", str(exc), time.monotonic() - started)
-        except ResilienceError as exc:
-            record = CaseRecord.not_run(case, "error", str(exc), time.monotonic() - started)
-        records.append(record)
-        verdict = record.verdict or "-"
-        print(f"[{index:>{len(str(len(cases)))}}/{len(cases)}] {record.status.upper():<7} {verdict:<9} "
-              f"(expected {record.expected:<9}) {record.elapsed_s:6.1f} s  {record.label}", file=progress, flush=True)
-        if record.status in ("failed", "error", "skipped"):
-            print(f"    {record.reason.splitlines()[0] if record.reason else ''}", file=progress, flush=True)
-    return records
 
 
 def filesystem_figures(cases: list[Case], target: Path, args, progress):
@@ -217,7 +164,8 @@ def write_reports(report: Qualification, out: Path) -> dict[str, Path]:
     return paths
 
 
-def main(args: argparse.Namespace, progress=sys.stdout) -> int:
+def main(args: argparse.Namespace, progress=None) -> int:
+    progress = progress or sys.stdout  # looked up now: a caller may have replaced it since import
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     started = time.monotonic()
     store_url = args.workdir if args.workdir and args.workdir.startswith("s3://") else None
@@ -230,6 +178,7 @@ def main(args: argparse.Namespace, progress=sys.stdout) -> int:
             check_endpoint(args.endpoint or os.environ.get("AWS_ENDPOINT_URL"))
         cases, load_errors = select(args.paths, args.keyword)
         cache = None if args.no_cache else ReferenceCache(args.cache or default_cache_dir())
+        strategy_cases = [case for case in cases if isinstance(case, Case)]  # the figures measure their strategies
         run_case = launchers.make(args.launcher, work_root=work_root, keep=False, cache=cache, backend=args.backend)
     except ResilienceError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -240,20 +189,20 @@ def main(args: argparse.Namespace, progress=sys.stdout) -> int:
         print("error: no case selected", file=sys.stderr)
         return 2
     print(f"qualifying {len(cases)} cases ({args.launcher} launcher)", file=progress, flush=True)
-    records = run_cases(cases, run_case, progress)
+    records = run_cases(cases, run_case, progress, work_root, cache)
     target = work_root or Path(tempfile.gettempdir())
     bandwidth, figures, notes, store, object_bandwidth = None, (), [], None, None
     if args.no_throughput:
         notes.append("filesystem figures not measured (--no-throughput)")
     elif store_url:
         try:
-            store, object_bandwidth, figures, notes = object_store_figures(cases, store_url, args, progress)
+            store, object_bandwidth, figures, notes = object_store_figures(strategy_cases, store_url, args, progress)
         except (ResilienceError, OSError, ValueError) as exc:
             notes.append(f"object store figures not measured: {exc}")
     else:
         try:
             with janitor.temporary_directory("resilience-fs-", _existing(target)) as probe_root:
-                bandwidth, figures, notes = filesystem_figures(cases, probe_root, args, progress)
+                bandwidth, figures, notes = filesystem_figures(strategy_cases, probe_root, args, progress)
         except (ResilienceError, OSError, TimeoutError) as exc:
             notes.append(f"filesystem figures not measured: {exc}")
     notes.extend(f"scenario file not loaded: {error}" for error in load_errors)
@@ -264,8 +213,10 @@ def main(args: argparse.Namespace, progress=sys.stdout) -> int:
                            object_bandwidth=object_bandwidth)
     paths = write_reports(report, args.out)
     for row in per_strategy(report.cases):
-        print(f"lost work {row.strategy}: {row.steps_lost} steps, {row.lost_s:.2f} s over {row.cases} cases "
-              f"(restart {row.restart_s:.2f} s + replay {row.replay_s:.2f} s; restore {row.restore_s:.2f} s)"
+        timing = ("" if row.lost_s is None else f", {row.lost_s:.2f} s") + f" over {row.cases} cases" + (
+            "" if row.lost_s is None else f" (restart {row.restart_s:.2f} s + replay {row.replay_s:.2f} s; "
+                                          f"restore {row.restore_s or 0:.2f} s)")
+        print(f"lost work {row.strategy}: {row.steps_lost} steps{timing}"
               + (f"; {row.refused_with_intact} refused with an intact older checkpoint" if row.refused_with_intact
                  else ""), file=progress, flush=True)
     skipped_in_ci = skips_fail() and any(r.status == "skipped" for r in records)

@@ -163,8 +163,8 @@ def render_lost_work(report: Qualification) -> str:
              "<th>of which replay</th><th>time to restore</th><th>refused with an intact older checkpoint</th></tr>"]
     for row in rows:
         parts.append(f"<tr><td>{escape(row.strategy)}</td><td>{row.cases}</td><td>{row.restored}</td>"
-                     f"<td>{row.steps_lost}</td><td>{row.lost_s:.2f} s</td><td>{row.restart_s:.2f} s</td>"
-                     f"<td>{row.replay_s:.2f} s</td><td>{row.restore_s:.2f} s</td>"
+                     f"<td>{row.steps_lost}</td><td>{_fmt_s(row.lost_s)}</td><td>{_fmt_s(row.restart_s)}</td>"
+                     f"<td>{_fmt_s(row.replay_s)}</td><td>{_fmt_s(row.restore_s)}</td>"
                      f"<td>{row.refused_with_intact}</td></tr>")
     parts.append("</table><p>Steps lost: steps the first run had trained that the restart trained again. Seconds "
                  "lost: restart (first rank joining the group to the last rank restored) plus replay (from there "

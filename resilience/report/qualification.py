@@ -7,11 +7,13 @@ time to restore, and the per-rank logs of a failed case.
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from ..core.case import Case
-from ..core.records import CaseResult
+from ..core.case import Case, ScriptCase
+from ..core.records import CaseResult, Verdict
 from ..measure.environment import Environment
 from ..measure.fsprobe import BandwidthProbe
 from ..measure.objprobe import ObjectBandwidthProbe
@@ -75,11 +77,28 @@ class CaseRecord:
         return self.status in PASSING
 
     @classmethod
-    def not_run(cls, case: Case, status: str, reason: str, elapsed_s: float) -> CaseRecord:
+    def not_run(cls, case: Case | ScriptCase, status: str, reason: str, elapsed_s: float) -> CaseRecord:
         return cls(source=case.source, case_id=case.id, name=case.name, strategy=strategy_label(case),
                    fault=fault_label(case), status=status, reason=reason, verdict=None,
                    expected=case.expect.verdict.value, elapsed_s=elapsed_s,
-                   replay=replay_command(case.source, case.id))
+                   replay=replay_command(case.source, case.id, script=isinstance(case, ScriptCase)))
+
+    @classmethod
+    def of_script(cls, case: ScriptCase, verdict: Verdict, outcome: CaseOutcome, elapsed_s: float,
+                  losses: dict[str, dict[int, float]]) -> CaseRecord:
+        """A case on a user's script; ``losses``: rank 0's, per run (reference, first_run, restart).
+        Steps lost: those the first run trained past the restored step (no timings: the script's
+        restart is torchrun's, not measured in parts)."""
+        trained, restored = losses.get("first_run"), verdict.restored_step
+        return cls(source=case.source, case_id=case.id, name=case.name, strategy=strategy_label(case),
+                   fault=fault_label(case), status=outcome.status, reason=outcome.reason,
+                   verdict=verdict.kind.value, expected=case.expect.verdict.value, elapsed_s=elapsed_s,
+                   replay=replay_command(case.source, case.id, script=True), restored_step=verdict.restored_step,
+                   complete_step=verdict.complete_step, intact_step=verdict.intact_step,
+                   steps_lost=max(trained) - restored if trained and restored is not None else None,
+                   reference_losses=tuple(losses.get("reference", {}).items()),
+                   first_run_losses=tuple(losses.get("first_run", {}).items()),
+                   restored_losses=tuple(losses.get("restart", {}).items()), findings=verdict.findings)
 
     @classmethod
     def of(cls, result: CaseResult, outcome: CaseOutcome, elapsed_s: float) -> CaseRecord:
@@ -143,12 +162,14 @@ def summary(cases: tuple[CaseRecord, ...]) -> dict[str, int]:
     return counts
 
 
-def strategy_label(case: Case) -> str:
+def strategy_label(case: Case | ScriptCase) -> str:
+    if isinstance(case, ScriptCase):
+        return shlex.join(["script", Path(case.script.path).name, *case.script.args])
     options = ", ".join(f"{k}: {json.dumps(v)}" for k, v in sorted(case.strategy.options.items()))
     return case.strategy.name + (f" {{{options}}}" if options else "")
 
 
-def fault_label(case: Case) -> str:
+def fault_label(case: Case | ScriptCase) -> str:
     fault, trigger = case.fault, case.fault.trigger
     if trigger is None:
         return fault.kind

@@ -6,7 +6,10 @@ import shlex
 from ..core.records import CaseResult
 
 
-def replay_command(case_source: str, case_id: str) -> str:
+def replay_command(case_source: str, case_id: str, script: bool = False) -> str:
+    """The command that runs the case again: ``resilience run``, or pytest for a user's script."""
+    if script:
+        return shlex.join(["python", "-m", "pytest", f"{case_source}::{case_id}"])
     args = ["python", "-m", "resilience", "run", case_source]
     if case_id != "case":
         args += ["--case", case_id]

@@ -4,9 +4,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ..core.case import Case
+from ..core.case import Case, ScriptCase
 from ..errors import ResilienceError
-from .loader import is_script_file, load_file
+from .loader import is_script_file, load_any_file, load_file
 
 SCENARIO_SUFFIXES = (".scenario.yaml", ".scenario.yml")
 
@@ -34,13 +34,24 @@ def load_cases(paths: Iterable[str | Path], selected: Callable[[Case], bool] = l
                ) -> tuple[list[Case], list[str]]:
     """The selected cases of every scenario file under ``paths``, and the load error of each file
     that could not be read (each names the file, the key and what is allowed). Scenarios on a
-    user's script are left out: they run under pytest and ``resilience blackbox``."""
-    cases, errors = [], []
+    user's script are left out: they run under pytest, ``resilience blackbox`` and ``qualify``
+    (`load_all_cases`)."""
+    cases, errors = load_all_cases(paths, selected, scripts=False)
+    return [case for case in cases if isinstance(case, Case)], errors
+
+
+def load_all_cases(paths: Iterable[str | Path], selected: Callable[[Case | ScriptCase], bool] = lambda case: True,
+                   scripts: bool = True) -> tuple[list[Case | ScriptCase], list[str]]:
+    """As `load_cases`, with the cases on users' scripts too (unless ``scripts`` is False)."""
+    cases: list[Case | ScriptCase] = []
+    errors = []
     for path in scenario_files(paths):
-        if is_script_file(path):
+        on_script = is_script_file(path)
+        if on_script and not scripts:
             continue
         try:
-            cases.extend(c for c in load_file(path).cases if selected(c))
+            loaded = load_any_file(path) if on_script else load_file(path).cases
+            cases.extend(c for c in loaded if selected(c))
         except ResilienceError as exc:
             errors.append(str(exc))
     return cases, errors
