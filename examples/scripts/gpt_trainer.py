@@ -10,7 +10,9 @@ Each rank prints its own loss.
 ``--forget-rng`` is a common bug to catch: the resume reseeds instead of restoring the RNG state,
 so the batches and dropout masks after it are those of step 0. ``--loss-noise A`` makes the run
 not reproducible, as a reduction whose order varies does: each loss gets up to ``A`` of noise
-from the operating system (the gradients stay exact).
+from the operating system (the gradients stay exact). ``--save-atomically`` is the usual repair
+of the save in place: write ``ckpt.pt.tmp``, fsync it, rename it over ``ckpt.pt``, fsync the
+directory.
 """
 import argparse
 import math
@@ -54,6 +56,19 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
 
 
+def save_atomically(checkpoint, path):
+    with open(path + ".tmp", "wb") as f:
+        torch.save(checkpoint, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    directory = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
 def get_batch(data, batch_size):
     ix = torch.randint(len(data) - BLOCK - 1, (batch_size,))
     x = torch.stack([data[i:i + BLOCK] for i in ix])
@@ -72,6 +87,7 @@ def main():
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--forget-rng", action="store_true")
     parser.add_argument("--loss-noise", type=float, default=0.0)
+    parser.add_argument("--save-atomically", action="store_true")
     args = parser.parse_args()
 
     dist.init_process_group(backend="gloo")
@@ -112,7 +128,10 @@ def main():
             if rank == 0:
                 checkpoint = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
                               "iter_num": iter_num, "rng": rng}
-                torch.save(checkpoint, ckpt_path)
+                if args.save_atomically:
+                    save_atomically(checkpoint, ckpt_path)
+                else:
+                    torch.save(checkpoint, ckpt_path)
             dist.barrier()
     dist.destroy_process_group()
 

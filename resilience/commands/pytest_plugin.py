@@ -35,6 +35,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "smoke: the scenario's CI tier (tier: smoke)")
+    config.addinivalue_line("markers", "deep: a costly case (tier: deep), run only when -m names it: -m deep")
     config.addinivalue_line("markers", "scenario: a case from a resilience scenario file")
     config.addinivalue_line("markers", "script: a case on a user's own training script (black-box mode)")
 
@@ -43,6 +44,17 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
     if is_scenario_file(file_path):
         return ScenarioFile.from_parent(parent, path=file_path)
     return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Cases of the deep tier run only where ``-m`` names them (``-m deep``); otherwise they are
+    deselected, as ``-m "not deep"`` would, and counted as such."""
+    if "deep" in (config.option.markexpr or ""):
+        return
+    deep = [item for item in items if item.get_closest_marker("deep")]
+    if deep:
+        config.hook.pytest_deselected(items=deep)
+        items[:] = [item for item in items if not item.get_closest_marker("deep")]
 
 
 def fail_skips_in_ci(report: pytest.TestReport) -> None:
@@ -80,8 +92,8 @@ class ScenarioFile(pytest.File):
                 item.add_marker(marker)
                 item.add_marker("scenario")
                 item.add_marker("script")
-                if case.tier == "smoke":
-                    item.add_marker("smoke")
+                if case.tier in ("smoke", "deep"):
+                    item.add_marker(case.tier)
                 yield item
             return
         for case in scenario.cases:
@@ -90,8 +102,8 @@ class ScenarioFile(pytest.File):
                 self.config.addinivalue_line("markers", f"{marker}: generated from scenario files")
                 item.add_marker(marker)
             item.add_marker("scenario")
-            if case.tier == "smoke":
-                item.add_marker("smoke")
+            if case.tier in ("smoke", "deep"):
+                item.add_marker(case.tier)
             yield item
 
     def repr_failure(self, excinfo, style=None):

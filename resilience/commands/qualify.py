@@ -47,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-k", dest="keyword", default=None,
                         help="select cases by expression over their id, file, strategy and fault, as pytest's -k "
                              "(e.g. 'rank0 and not deepspeed')")
+    parser.add_argument("--deep", action="store_true", help="also the cases of the deep tier (tier: deep)")
     parser.add_argument("--out", type=Path, required=True, help="directory for report.html, report.json, junit.xml")
     parser.add_argument("--launcher", choices=launchers.LAUNCHERS, default="local",
                         help="how cases run: local (this harness) or torchrun (the elastic agent)")
@@ -176,7 +177,7 @@ def main(args: argparse.Namespace, progress=None) -> int:
 
             split_url(store_url)
             check_endpoint(args.endpoint or os.environ.get("AWS_ENDPOINT_URL"))
-        cases, load_errors = select(args.paths, args.keyword)
+        cases, load_errors = select(args.paths, args.keyword, args.deep)
         cache = None if args.no_cache else ReferenceCache(args.cache or default_cache_dir())
         strategy_cases = [case for case in cases if isinstance(case, Case)]  # the figures measure their strategies
         run_case = launchers.make(args.launcher, work_root=work_root, keep=False, cache=cache, backend=args.backend)

@@ -40,9 +40,11 @@ def keyword_filter(expression: str | None) -> Callable[[Case | ScriptCase], bool
     return selected
 
 
-def select(paths: list[str], expression: str | None) -> tuple[list[Case | ScriptCase], list[str]]:
-    """The selected cases, and the load errors of files that could not be read (each names the file)."""
-    return load_all_cases(paths, keyword_filter(expression))
+def select(paths: list[str], expression: str | None, deep: bool = False) -> tuple[list[Case | ScriptCase], list[str]]:
+    """The selected cases (those of the deep tier only with ``deep``), and the load errors of files
+    that could not be read (each names the file)."""
+    chosen = keyword_filter(expression)
+    return load_all_cases(paths, lambda case: chosen(case) and (deep or case.tier != "deep"))
 
 
 def record_of(case: Case | ScriptCase, run_case: Callable[[Case], object], work_root: Path | None,

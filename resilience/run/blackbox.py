@@ -31,9 +31,7 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,61 +41,29 @@ from ..core.directory_cache import DirectoryCache
 from ..core.elastic_layout import LAUNCH_ENV, Incarnation, incarnations_in
 from ..core.events import EventFollower, read_events, tail
 from ..core.paths import PROJECT_ROOT
-from ..core.records import Verdict
+from ..disk.crash_states import CrashModel
+from ..disk.state_tree import materialise
 from ..errors import HarnessError, NotReproducible, ScenarioError
 from ..faults.environment import CaseEnvironment
 from ..faults.roles import HarnessSide
+from ..faults.write_path.power_loss import trace_dir
 from ..launch.backend import rank_environment
 from ..oracle.blackbox import RankLog, judge_logs
 from ..oracle.envelope import Envelope, first_difference
 from ..oracle.evidence import waiting_place
 from ..rank.helper_hook import STARTUP_DIR
 from ..scenario.script_case import check_script_fault
+from .blackbox_records import BlackBoxJob, BlackBoxResult, describe
+from .explore import PROFILE_VARIABLE, check_fidelity
 from .intact_probe import probe_older_checkpoint
+from .script_explore import explore_script
 from .supervisor import AgentLaunch, deadline_after, supervise
+
+__all__ = ["BlackBoxJob", "BlackBoxResult", "describe", "qualify_script", "run_script_case"]
 
 PLACEHOLDER = "{checkpoint_dir}"
 #: frames that are not the script's own in a rank's stack dump: torch's, and the startup hook's
 OUTSIDE_THE_SCRIPT = ("/torch/", str(PROJECT_ROOT / "resilience" / "rank"))
-
-
-@dataclass(frozen=True)
-class BlackBoxJob:
-    """The user's command: ``torchrun --nproc-per-node N SCRIPT ARGS...``; ``restart_args``: the
-    restart's own arguments (``--resume``), None: the same as the first run's. ``oracle``:
-    ``bitwise`` (two uninterrupted runs must agree first) or ``envelope`` (``references`` runs
-    give the spread, widened ``envelope_factor`` times)."""
-
-    script: Path
-    args: tuple[str, ...] = ()
-    restart_args: tuple[str, ...] | None = None
-    nproc_per_node: int = 2
-    max_restarts: int = 1
-    env: Mapping[str, str] = field(default_factory=dict)
-    launch_timeout_s: float = 300.0  # one torchrun launch still running after this long: HANG
-    python: str = sys.executable
-    oracle: str = "bitwise"
-    references: int = 2
-    envelope_factor: float = 2.0
-
-
-@dataclass(frozen=True)
-class BlackBoxResult:
-    verdict: Verdict
-    reference: tuple[RankLog, ...]
-    first_run: tuple[RankLog, ...]
-    restart: tuple[RankLog, ...] | None
-    restart_incarnation: Incarnation | None
-    work_dir: Path
-
-    @property
-    def fault_fired(self) -> bool:
-        return any(log.fault_events for log in self.first_run + (self.restart or ()))
-
-    @property
-    def reference_losses(self) -> dict[int, float]:
-        """Rank 0's losses in the uninterrupted run."""
-        return self.reference[0].step_losses()
 
 
 def qualify_script(job: BlackBoxJob, fault: Mapping[str, Any] | None, *, work_root: Path | None = None,
@@ -147,6 +113,8 @@ class _BlackBoxRun:
         job_dir = self.work_dir / "job"
         env = CaseEnvironment(case=None, case_dir=job_dir, checkpoint_dir=job_dir / "checkpoints")
         job_dir.mkdir()
+        if self.harness_side.explores:  # power_loss: restarts of the script on each crash state
+            return self._explore(job_dir, reference, envelope)
         # a second launch is the restart: for its own arguments, or for a repair between the runs
         separate = self.job.restart_args is not None or type(self.harness_side).heal is not HarnessSide.heal
         try:
@@ -180,6 +148,29 @@ class _BlackBoxRun:
         return BlackBoxResult(verdict=verdict, reference=tuple(reference), first_run=tuple(first),
                               restart=tuple(restart) if restart is not None else None,
                               restart_incarnation=restart_incarnation, work_dir=self.work_dir)
+
+    def _explore(self, job_dir: Path, reference: list[RankLog], envelope: Envelope | None) -> BlackBoxResult:
+        """The traced first run (it ends once the traced save returned), then `explore_script`."""
+        hung = self._launch(job_dir, fault=self.fault, launch=0, args=self.job.args, restarts=0)
+        first = self._logs(job_dir, Incarnation(0, 0))
+        if hung or not any(log.fault_events for log in first):
+            verdict = judge_logs(reference, first, None, hung, envelope)
+            return BlackBoxResult(verdict, tuple(reference), tuple(first), None, None, self.work_dir)
+        model = CrashModel(trace_dir(job_dir), self.job.nproc_per_node, self.fault["trigger"]["step"])
+        check_fidelity(model, job_dir / "checkpoints")
+
+        def restore(files: dict[str, bytes], dirs: set[str], label: str):
+            run_dir = self.work_dir / "crash_states" / label
+            materialise(files, dirs, run_dir / "checkpoints")
+            hung = self._launch(run_dir, fault=None, launch=1, args=self.job.restart_args or self.job.args,
+                                restarts=0)
+            logs = self._logs(run_dir, Incarnation(1, 0)) if (run_dir / Incarnation(1, 0).name).is_dir() else None
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+            return logs, hung
+
+        profile = os.environ.get(PROFILE_VARIABLE) or self.fault["params"].get("profile", "ci")
+        verdict, state = explore_script(model, reference, first, restore, profile, envelope)
+        return BlackBoxResult(verdict, tuple(reference), tuple(first), state.restart, None, self.work_dir)
 
     def _restart_again(self, job_dir: Path) -> list[RankLog] | None:
         """One more restart without a fault (launch 2), for the intact-checkpoint probe."""
@@ -267,18 +258,3 @@ class _BlackBoxRun:
         directory = run_dir / incarnation.name
         return [RankLog.from_events(rank, read_events(directory / f"rank{rank}.events.jsonl"))
                 for rank in range(self.job.nproc_per_node)]
-
-
-def describe(result: BlackBoxResult) -> str:
-    """Verdict, findings and where the restart came from, for people."""
-    verdict = result.verdict
-    lines = [(f"verdict: {verdict.kind.value}   restored step: {verdict.restored_step}   "
-              f"newest checkpoint logged as saved on every rank: {verdict.complete_step}")]
-    lines += [f"  - {finding}" for finding in verdict.findings]
-    if result.restart_incarnation:
-        lines.append(f"restore in {result.restart_incarnation.name} "
-                     f"(restart {result.restart_incarnation.restart} of launch {result.restart_incarnation.launch})")
-    fired = [e for log in result.first_run for e in log.fault_events]
-    lines += [f"fault: {json.dumps({k: v for k, v in e.items() if k != 'event'})}" for e in fired]
-    return "\n".join(lines)
-

@@ -132,7 +132,7 @@ class Explorer:
                                f"{first_run.first_error.summary() if first_run.first_error else ''}")
         step = case.fault.trigger.step
         model = CrashModel(trace_dir(work_dir), case.workload.world_size, step)
-        _check_fidelity(model, checkpoint_dir)
+        check_fidelity(model, checkpoint_dir)
         name = (self.profile_name or os.environ.get(PROFILE_VARIABLE) or case.fault.params.get("profile", "ci"))
         if name not in PROFILES:
             raise HarnessError(f"${PROFILE_VARIABLE}: unknown exploration profile {name!r}; "
@@ -271,7 +271,7 @@ def _as_of(first_run: PhaseResult, point: CrashPoint, model: CrashModel) -> Phas
     return replace(first_run, ranks=records)
 
 
-def _check_fidelity(model: CrashModel, checkpoint_dir: Path) -> None:
+def check_fidelity(model: CrashModel, checkpoint_dir: Path) -> None:
     """The trace, replayed in full, must give the checkpoint directory the first run left."""
     files, dirs = model.disk(model.complete())
     real_files, real_dirs = read_tree(checkpoint_dir)

@@ -16,7 +16,7 @@ EXPECT_KEYS = ("outcome", "error", "fallback_ok", "fallback")
 FALLBACK_CHOICES = ("optional", "required")
 KNOWN_ISSUE_KEYS = ("reason", "link", "verdict")
 TIMEOUT_KEYS = ("collective", "phase")
-TIERS = ("smoke", "full")
+TIERS = ("smoke", "full", "deep")  # deep: run with -m deep (or qualify --deep), not by default
 RANK_RNG = ("same", "distinct")
 REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_,.-]+\])?"  # a pip requirement
                          r"(\s*(==|>=|<=|~=|!=|<|>)\s*[A-Za-z0-9.*+!_-]+)*$")

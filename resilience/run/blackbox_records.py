@@ -1,0 +1,67 @@
+"""What black-box mode takes and gives: the user's command (`BlackBoxJob`), the run's logs and
+verdict (`BlackBoxResult`), and the verdict in words (`describe`)."""
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..core.elastic_layout import Incarnation
+from ..core.records import Verdict
+from ..oracle.blackbox import RankLog
+
+
+@dataclass(frozen=True)
+class BlackBoxJob:
+    """The user's command: ``torchrun --nproc-per-node N SCRIPT ARGS...``; ``restart_args``: the
+    restart's own arguments (``--resume``), None: the same as the first run's. ``oracle``:
+    ``bitwise`` (two uninterrupted runs must agree first) or ``envelope`` (``references`` runs
+    give the spread, widened ``envelope_factor`` times)."""
+
+    script: Path
+    args: tuple[str, ...] = ()
+    restart_args: tuple[str, ...] | None = None
+    nproc_per_node: int = 2
+    max_restarts: int = 1
+    env: Mapping[str, str] = field(default_factory=dict)
+    launch_timeout_s: float = 300.0  # one torchrun launch still running after this long: HANG
+    python: str = sys.executable
+    oracle: str = "bitwise"
+    references: int = 2
+    envelope_factor: float = 2.0
+
+
+@dataclass(frozen=True)
+class BlackBoxResult:
+    verdict: Verdict
+    reference: tuple[RankLog, ...]
+    first_run: tuple[RankLog, ...]
+    restart: tuple[RankLog, ...] | None
+    restart_incarnation: Incarnation | None
+    work_dir: Path
+
+    @property
+    def fault_fired(self) -> bool:
+        return any(log.fault_events for log in self.first_run + (self.restart or ()))
+
+    @property
+    def reference_losses(self) -> dict[int, float]:
+        """Rank 0's losses in the uninterrupted run."""
+        return self.reference[0].step_losses()
+
+
+def describe(result: BlackBoxResult) -> str:
+    """Verdict, findings and where the restart came from, for people."""
+    verdict = result.verdict
+    lines = [(f"verdict: {verdict.kind.value}   restored step: {verdict.restored_step}   "
+              f"newest checkpoint logged as saved on every rank: {verdict.complete_step}")]
+    lines += [f"  - {finding}" for finding in verdict.findings]
+    if result.restart_incarnation:
+        lines.append(f"restore in {result.restart_incarnation.name} "
+                     f"(restart {result.restart_incarnation.restart} of launch {result.restart_incarnation.launch})")
+    fired = [e for log in result.first_run for e in log.fault_events]
+    lines += [f"fault: {json.dumps({k: v for k, v in e.items() if k != 'event'})}" for e in fired]
+    return "\n".join(lines)
+
