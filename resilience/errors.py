@@ -39,6 +39,11 @@ class HarnessError(ResilienceError):
     """The harness itself could not run a case (not a verdict about the system under test)."""
 
 
+class LauncherFailed(HarnessError):
+    """torchrun's agent or its rendezvous failed around a user's script: not a verdict on the
+    script; the message holds the command that reproduces it and the agent's output."""
+
+
 class NotReproducible(HarnessError):
     """Two uninterrupted runs of a user's script differ: it cannot be judged bitwise (its case may
     ask for ``oracle: envelope``)."""

@@ -228,3 +228,18 @@ def test_a_hang_says_where_each_rank_of_the_script_waits(tmp_path):
     assert any(line.startswith("rank 0: at ") and "gpt_trainer.py" in line and "in main" in line
                for line in waits), waits
     assert list(tmp_path.iterdir()) == [] and pids_naming(tmp_path) == []
+
+
+def test_a_launcher_failure_is_reported_as_such_with_the_command_that_reproduces_it(tmp_path):
+    """torchrun's agent fails before any rank (its log directory cannot be made): an error naming
+    the launcher and the command, never a verdict on the script."""
+    from resilience.errors import LauncherFailed
+
+    job = BlackBoxJob(script=GPT_TRAINER, args=("--out-dir", "{checkpoint_dir}"), env={"PET_LOG_DIR": "/proc/nope"})
+    with pytest.raises(LauncherFailed) as failure:
+        qualify_script(job, {"kind": "kill", "rank": 1, "step": 6}, work_root=tmp_path)
+    message = str(failure.value)
+    assert message.startswith("torchrun started no rank: a failure of the launcher, not a verdict on")
+    assert "PET_LOG_DIR=/proc/nope " in message and "-m torch.distributed.run --standalone" in message
+    assert "No such file or directory: '/proc/nope'" in message  # the agent's own output
+    assert list(tmp_path.iterdir()) == []  # nothing left behind

@@ -30,6 +30,8 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
+import shlex
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,7 +45,7 @@ from ..core.events import EventFollower, read_events, tail
 from ..core.paths import PROJECT_ROOT
 from ..disk.crash_states import CrashModel
 from ..disk.state_tree import materialise
-from ..errors import HarnessError, NotReproducible, ScenarioError
+from ..errors import HarnessError, LauncherFailed, NotReproducible, ScenarioError
 from ..faults.environment import CaseEnvironment
 from ..faults.roles import HarnessSide
 from ..faults.write_path.power_loss import trace_dir
@@ -62,6 +64,8 @@ from .supervisor import AgentLaunch, deadline_after, supervise
 __all__ = ["BlackBoxJob", "BlackBoxResult", "describe", "qualify_script", "run_script_case"]
 
 PLACEHOLDER = "{checkpoint_dir}"
+#: torchrun's rendezvous errors (torch.distributed.elastic.rendezvous.api), in the agent's output
+RENDEZVOUS_FAILURE = re.compile(r"Rendezvous(?:Timeout|Closed|Connection|State|GracefulExit)?Error[^\n]*")
 #: frames that are not the script's own in a rank's stack dump: torch's, and the startup hook's
 OUTSIDE_THE_SCRIPT = ("/torch/", str(PROJECT_ROOT / "resilience" / "rank"))
 
@@ -243,7 +247,23 @@ class _BlackBoxRun:
                 self.harness_side.supervise(events(), group.rank_handles(self.job.nproc_per_node, armed()))
 
         end = supervise(group, deadline_after(self.job.launch_timeout_s), watch)
-        return f"launch {launch} of {run_dir.name}" if end.status == "deadline" else None
+        if end.status == "deadline":
+            return f"launch {launch} of {run_dir.name}"
+        self._check_launcher(run_dir, launch, args, restarts)
+        return None
+
+    def _check_launcher(self, run_dir: Path, launch: int, args: tuple[str, ...], restarts: int) -> None:
+        """Raise `LauncherFailed` where torchrun started no rank, or its rendezvous failed."""
+        log = (run_dir / f"torchrun.launch{launch}.log").read_text(errors="replace")
+        started = (run_dir / Incarnation(launch, 0).name).is_dir()
+        rendezvous = RENDEZVOUS_FAILURE.search(log)
+        if started and not rendezvous:
+            return
+        what = "started no rank" if not started else f"failed in its rendezvous ({rendezvous.group(0)})"
+        command = shlex.join([f"{name}={value}" for name, value in self.job.env.items()]
+                             + self.command(run_dir, args, restarts))
+        raise LauncherFailed(f"torchrun {what}: a failure of the launcher, not a verdict on {self.job.script}; "
+                             f"reproduce it with\n  {command}\n{tail(run_dir / f'torchrun.launch{launch}.log')}")
 
     def _check_contract(self, run_dir: Path) -> None:
         for path in run_dir.glob("launch*/rank*.events.jsonl"):
