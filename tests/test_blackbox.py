@@ -104,6 +104,17 @@ def test_the_oracle_wants_the_newest_saved_step_and_the_reference_losses_after_i
     assert judge_logs(REFERENCE, first, None, None).kind is VerdictKind.SILENT  # nothing was restored
 
 
+def test_a_restart_at_another_world_size_is_judged_by_its_restore_not_its_losses():
+    first = [log(0, {1: 0.5, 2: 0.4}, saved=[2]), log(1, {1: 0.5, 2: 0.4}, saved=[2], fault_events=[KILL])]
+    one_rank = [log(0, {3: 0.31, 4: 0.21}, restored=[2])]  # another batch split: other losses
+    assert judge_logs(REFERENCE, first, one_rank, None).kind is VerdictKind.SILENT
+    said = "the restart ran at world size 1, the uninterrupted run at 2: its losses not bitwise"
+    verdict = judge_logs(REFERENCE, first, one_rank, None, rescaled=said)
+    assert verdict.kind is VerdictKind.RECOVERED and said in verdict.findings
+    older = [log(0, {1: 0.6, 2: 0.5, 3: 0.4, 4: 0.3}, restored=[0])]
+    assert judge_logs(REFERENCE, first, older, None, rescaled=said).kind is VerdictKind.SILENT  # a lost checkpoint
+
+
 def test_errors_after_an_injected_kill_are_consequences_and_a_restore_error_is_loud():
     peer_error = {"event": "error", "rank": 0, "type": "RuntimeError", "message": "Connection closed", "time": 11.0}
     first = [log(0, {1: 0.5}, saved=[], errors=[peer_error]), log(1, {1: 0.5}, fault_events=[KILL])]

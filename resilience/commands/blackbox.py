@@ -30,6 +30,8 @@ def add_blackbox_command(sub) -> None:
     command.add_argument("--references", type=int, default=None, help="uninterrupted runs (default 2; envelope 3)")
     command.add_argument("--envelope-factor", type=float, default=2.0)
     command.add_argument("--nproc-per-node", type=int, default=2)
+    command.add_argument("--restart-nproc-per-node", type=int, default=None,
+                         help="the restart's ranks, where it restarts at another world size (not judged bitwise)")
     command.add_argument("--max-restarts", type=int, default=1)
     command.add_argument("--timeout", type=float, default=300.0, help="seconds per torchrun launch before HANG")
     command.add_argument("--workdir", type=Path)
@@ -54,6 +56,7 @@ def blackbox_main(args: argparse.Namespace) -> int:
     job = BlackBoxJob(script=args.script, args=tuple(args.script_args),
                       restart_args=tuple(shlex.split(args.restart_args)) if args.restart_args is not None else None,
                       env=dict(item.split("=", 1) for item in args.env), nproc_per_node=args.nproc_per_node,
+                      restart_nproc_per_node=args.restart_nproc_per_node,
                       max_restarts=args.max_restarts, launch_timeout_s=args.timeout, oracle=args.oracle,
                       references=args.references or (3 if args.oracle == "envelope" else 2),
                       envelope_factor=args.envelope_factor)

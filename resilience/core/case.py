@@ -170,6 +170,7 @@ class ScriptSpec:
     args: tuple[str, ...] = ()  # ``{checkpoint_dir}`` stands for the run's checkpoint directory
     restart_args: tuple[str, ...] | None = None  # the restart's own arguments (None: ``args``)
     nproc_per_node: int = 2
+    restart_nproc_per_node: int | None = None  # the restart's world size (None: the same)
     max_restarts: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
     oracle: str = "bitwise"  # or "envelope": within the spread of ``references`` uninterrupted runs

@@ -123,12 +123,14 @@ def _matching_step(states: dict[int, dict[str, str]], part: str, value: str) -> 
 
 
 def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list[RankLog] | None,
-               hung: str | None, envelope: Envelope | None = None, fallback_ok: bool = False) -> Verdict:
+               hung: str | None, envelope: Envelope | None = None, fallback_ok: bool = False,
+               rescaled: str | None = None) -> Verdict:
     """``reference``: the uninterrupted run, one log per rank; ``first_run`` and ``restart``: one
     log per rank (``restart`` None when the job never restarted); ``hung``: the part past its
     deadline. Each rank is judged against its own reference, bitwise, or within ``envelope``
     (a script that is not reproducible). ``fallback_ok``: an older checkpoint than the newest
-    complete one may be restored (the intact-checkpoint probe hid the newest)."""
+    complete one may be restored (the intact-checkpoint probe hid the newest). ``rescaled``: the
+    restart ran at another world size, said in these words; its losses are not compared."""
     expected = {log.rank: log.step_losses() for log in reference}
     final_step = max((max(losses, default=0) for losses in expected.values()), default=0)
     divergence, silent = None, []
@@ -155,8 +157,9 @@ def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list
         found, more = rules.restore_findings(restore.steps, complete, fallback_ok, "the losses after it match")
         silent += found
         notes += more
+        notes += [rescaled] if rescaled else []
         for log in restart:
-            if log.rank not in restore.steps:
+            if log.rank not in restore.steps or rescaled:
                 continue
             step, losses = restore.steps[log.rank], log.step_losses(restore.steps[log.rank])
             if envelope is not None:

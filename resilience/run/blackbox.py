@@ -100,6 +100,10 @@ class _BlackBoxRun:
             "params": dict(fault.params)}
         (work_dir / "tmp").mkdir()
         self.harness_side = registry.resolve("fault", fault.kind)(fault)
+        resized = job.restart_nproc_per_node not in (None, job.nproc_per_node)
+        self.rescaled = (f"the restart ran at world size {job.restart_nproc_per_node}, the uninterrupted run at "
+                         f"{job.nproc_per_node}: the restored step and state are judged, its losses not bitwise"
+                         ) if resized else None
 
     def run(self) -> BlackBoxResult:
         if self.cache is None:
@@ -120,7 +124,8 @@ class _BlackBoxRun:
         if self.harness_side.explores:  # power_loss: restarts of the script on each crash state
             return self._explore(job_dir, reference, envelope)
         # a second launch is the restart: for its own arguments, or for a repair between the runs
-        separate = self.job.restart_args is not None or type(self.harness_side).heal is not HarnessSide.heal
+        separate = (self.job.restart_args is not None or self.rescaled is not None
+                    or type(self.harness_side).heal is not HarnessSide.heal)
         try:
             self.harness_side.setup(env)
             for launch in (0, 1):
@@ -134,7 +139,7 @@ class _BlackBoxRun:
             restart_incarnation = self._restart_incarnation(job_dir)
             first = self._logs(job_dir, Incarnation(0, 0))
             restart = self._logs(job_dir, restart_incarnation) if restart_incarnation else None
-            verdict = judge_logs(reference, first, restart, hung, envelope)
+            verdict = judge_logs(reference, first, restart, hung, envelope, rescaled=self.rescaled)
             if hung:  # where each rank of the launch that hung waits, from its stack dump
                 dumps = sorted(job_dir.glob(f"launch{last_launch}.*/rank*.stacks.txt"))
                 waits = [waiting_place(int(path.name[4:].split(".")[0]), path.read_text(), OUTSIDE_THE_SCRIPT)
@@ -143,7 +148,7 @@ class _BlackBoxRun:
             findings = self.harness_side.findings(env, ()) + self.harness_side.notes(env, ())
             if findings:
                 verdict = dataclasses.replace(verdict, findings=verdict.findings + tuple(findings))
-            if restart is not None and not hung:
+            if restart is not None and not hung and self.rescaled is None:
                 verdict = probe_older_checkpoint(verdict, reference, first, job_dir / "checkpoints",
                                                  self.work_dir / "aside", lambda: self._restart_again(job_dir),
                                                  envelope)
@@ -173,7 +178,7 @@ class _BlackBoxRun:
             return logs, hung
 
         profile = os.environ.get(PROFILE_VARIABLE) or self.fault["params"].get("profile", "ci")
-        verdict, state = explore_script(model, reference, first, restore, profile, envelope)
+        verdict, state = explore_script(model, reference, first, restore, profile, envelope, self.rescaled)
         return BlackBoxResult(verdict, tuple(reference), tuple(first), state.restart, None, self.work_dir)
 
     def _restart_again(self, job_dir: Path) -> list[RankLog] | None:
@@ -213,10 +218,10 @@ class _BlackBoxRun:
                     "torch": torch.__version__, "python": self.job.python, "runs": self._runs()}
         return "script-" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
 
-    def command(self, run_dir: Path, args: tuple[str, ...], restarts: int) -> list[str]:
+    def command(self, run_dir: Path, args: tuple[str, ...], restarts: int, launch: int = 0) -> list[str]:
         checkpoint_dir = str(run_dir / "checkpoints")
         return [self.job.python, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", str(self.job.nproc_per_node), "--max-restarts", str(restarts),
+                "--nproc-per-node", str(self._ranks(launch)), "--max-restarts", str(restarts),
                 "--monitor-interval", "0.1", str(self.job.script),
                 *(arg.replace(PLACEHOLDER, checkpoint_dir) for arg in args)]
 
@@ -234,8 +239,10 @@ class _BlackBoxRun:
                                                "fault": fault, "project_root": str(PROJECT_ROOT)}),
         })
         # the marker: every rank's command line names the script (our torchrun's ranks: see AgentLaunch)
-        group = AgentLaunch(self.command(run_dir, args, restarts), env, run_dir / f"torchrun.launch{launch}.log",
+        group = AgentLaunch(self.command(run_dir, args, restarts, launch), env,
+                            run_dir / f"torchrun.launch{launch}.log",
                             lambda: run_dir.glob("launch*/rank*.events.jsonl"), marker=str(self.job.script))
+
         def armed() -> list[Path]:  # the armed incarnation's: a restart's ranks must not get its signals
             return sorted(run_dir.glob(f"{Incarnation(launch, 0).name}/rank*.events.jsonl"))
 
@@ -261,7 +268,7 @@ class _BlackBoxRun:
             return
         what = "started no rank" if not started else f"failed in its rendezvous ({rendezvous.group(0)})"
         command = shlex.join([f"{name}={value}" for name, value in self.job.env.items()]
-                             + self.command(run_dir, args, restarts))
+                             + self.command(run_dir, args, restarts, launch))
         raise LauncherFailed(f"torchrun {what}: a failure of the launcher, not a verdict on {self.job.script}; "
                              f"reproduce it with\n  {command}\n{tail(run_dir / f'torchrun.launch{launch}.log')}")
 
@@ -277,4 +284,8 @@ class _BlackBoxRun:
     def _logs(self, run_dir: Path, incarnation: Incarnation) -> list[RankLog]:
         directory = run_dir / incarnation.name
         return [RankLog.from_events(rank, read_events(directory / f"rank{rank}.events.jsonl"))
-                for rank in range(self.job.nproc_per_node)]
+                for rank in range(self._ranks(incarnation.launch))]
+
+    def _ranks(self, launch: int) -> int:
+        """The world size of a launch: a later launch is a restart, at its own size where one is given."""
+        return self.job.restart_nproc_per_node or self.job.nproc_per_node if launch else self.job.nproc_per_node

@@ -43,7 +43,8 @@ class ScriptState:
 
 
 def explore_script(model: CrashModel, reference: list[RankLog], first_run: list[RankLog], restore: Restore,
-                   profile: str, envelope: Envelope | None = None) -> tuple[Verdict, ScriptState]:
+                   profile: str, envelope: Envelope | None = None, rescaled: str | None = None
+                   ) -> tuple[Verdict, ScriptState]:
     """The worst crash state's verdict, its findings led by what was explored, and that state."""
     if profile not in SCRIPT_RESTORES:
         raise HarnessError(f"exploration profile {profile!r} unknown; allowed: {', '.join(SCRIPT_RESTORES)}")
@@ -69,7 +70,7 @@ def explore_script(model: CrashModel, reference: list[RankLog], first_run: list[
             point = next(p for p in points if model.returned(p) == returned)
             as_of = [dataclasses.replace(log, saved=tuple(s for s in log.saved if s != model.step
                                                           or log.rank in returned)) for log in first_run]
-            verdict = judge_logs(reference, as_of, restart, hung, envelope)
+            verdict = judge_logs(reference, as_of, restart, hung, envelope, rescaled=rescaled)
             judged.append(ScriptState(digest, verdict, tuple(model.describe(point)),
                                       tuple(restart) if restart is not None else None))
     reported = max(judged, key=lambda s: (SEVERITY[s.verdict.kind], s.verdict.restored_step or -1,

@@ -7,6 +7,7 @@ known_issue, timeouts, matrix) against what is known of a script before it runs.
       args: [--out, "{checkpoint_dir}"]
       restart_args: [--out, "{checkpoint_dir}", --resume]   # optional: the restart's own
       nproc_per_node: 2
+      restart_nproc_per_node: 1     # optional: the restart at another world size (not judged bitwise)
       env: {NAME: value}
       oracle: bitwise               # or envelope (a script that is not reproducible), with
       references: 2                 # uninterrupted runs (envelope: 3) and envelope_factor: 2
@@ -28,7 +29,8 @@ from .schema import MAX_WORLD_SIZE, TIERS
 from .validate import check_expectations, check_fault
 
 SCRIPT_TOP_KEYS = ("name", "description", "tier", "script", "fault", "expect", "known_issue", "timeouts", "matrix")
-SCRIPT_KEYS = ("path", "args", "restart_args", "nproc_per_node", "max_restarts", "env", "oracle", "references",
+SCRIPT_KEYS = ("path", "args", "restart_args", "nproc_per_node", "restart_nproc_per_node", "max_restarts", "env",
+               "oracle", "references",
                "envelope_factor")
 ORACLES = ("bitwise", "envelope")
 
@@ -98,6 +100,8 @@ def check_script(v: Validator, value: Any, directory: Path) -> ScriptSpec:
     args = _strings(v, "script.args", doc.get("args", []))
     restart_args = None if doc.get("restart_args") is None else _strings(v, "script.restart_args", doc["restart_args"])
     nproc = v.integer("script.nproc_per_node", doc.get("nproc_per_node", 2), 1, MAX_WORLD_SIZE)
+    restart_nproc = None if doc.get("restart_nproc_per_node") is None else v.integer(
+        "script.restart_nproc_per_node", doc["restart_nproc_per_node"], 1, MAX_WORLD_SIZE)
     restarts = v.integer("script.max_restarts", doc.get("max_restarts", 1), 0, 10)
     env = v.mapping("script.env", doc.get("env", {}), tuple(doc.get("env", {}) or ()))
     for key, item in env.items():
@@ -110,6 +114,7 @@ def check_script(v: Validator, value: Any, directory: Path) -> ScriptSpec:
     if oracle == "bitwise" and "envelope_factor" in doc:
         raise v.error("script.envelope_factor", "has no meaning with oracle bitwise", doc["envelope_factor"])
     return ScriptSpec(path=str(path.resolve()), args=args, restart_args=restart_args, nproc_per_node=nproc,
+                      restart_nproc_per_node=restart_nproc,
                       max_restarts=restarts, env={key: str(item) for key, item in env.items()}, oracle=oracle,
                       references=references, envelope_factor=factor)
 
