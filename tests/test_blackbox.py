@@ -222,6 +222,7 @@ def test_a_script_that_is_not_reproducible_is_told_and_judged_within_an_envelope
     result = qualify_script(job, kill, work_root=tmp_path, cache=cache)
     assert result.verdict.kind is VerdictKind.RECOVERED and result.verdict.restored_step == 4, result.verdict
     assert any("within the envelope of 5 uninterrupted runs" in line for line in result.verdict.findings)
+    assert "read before its first step: ckpt.pt (step 4)" in result.verdict.findings  # the restore's own read
     forgetful = dataclasses.replace(job, restart_args=restart + ("--forget-rng",))
     verdict = qualify_script(forgetful, kill, work_root=tmp_path, cache=cache).verdict
     assert verdict.kind is VerdictKind.SILENT and "outside the envelope" in verdict.findings[0], verdict

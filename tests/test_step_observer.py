@@ -103,3 +103,16 @@ def test_each_rank_is_judged_against_its_own_reference_and_an_overwritten_checkp
     assert verdict.kind is VerdictKind.LOUD
     assert ("the newest complete checkpoint (step 2) was overwritten in place by the save of step 4 (ckpt.pt)"
             in verdict.findings[-1])
+
+
+def test_the_restore_s_reads_are_on_record_and_cross_checked_with_the_saves_that_wrote_them():
+    from resilience.oracle.blackbox import RankLog, read_notes
+
+    first = [RankLog.from_events(0, [{"event": "file_written", "file": "ckpt.pt", "step": step, "phase": "save"}
+                                     for step in (4, 8)])]
+    restart = [RankLog.from_events(0, [{"event": "file_read", "file": "ckpt.pt"}])]
+    assert read_notes(first, restart, 8) == ["read before its first step: ckpt.pt (step 8)"]
+    assert read_notes(first, restart, 4)[1] == ("the restart's state is that of step 4, yet the files it read were "
+                                                "last written by the save of step 8")
+    nothing = [RankLog.from_events(0, [])]
+    assert "memory-mapped reads" in read_notes(first, nothing, 4)[0]

@@ -41,6 +41,7 @@ class RankLog:
     digests: dict[int, dict[str, str]] = field(default_factory=dict)  # hook step -> part -> digest
     written: tuple[tuple[str, int, str], ...] = ()  # (file, clock step, clock phase) as each was closed
     after: dict[int, dict[str, str]] = field(default_factory=dict)  # hook step -> its state once stepped
+    read: tuple[str, ...] = ()  # files a restarted rank opened for reading before its first backward
 
     @classmethod
     def from_events(cls, rank: int, events: list[dict]) -> RankLog:
@@ -53,7 +54,8 @@ class RankLog:
                    observed={e["step"]: e["loss"] for e in observed},
                    digests={e["step"]: e["digest"] for e in observed},
                    written=tuple((e["file"], e["step"], e["phase"]) for e in events if e["event"] == "file_written"),
-                   after={e["step"]: e["digest"] for e in events if e["event"] == "step_done"})
+                   after={e["step"]: e["digest"] for e in events if e["event"] == "step_done"},
+                   read=tuple(e["file"] for e in events if e["event"] == "file_read"))
 
     @property
     def uses_contract(self) -> bool:
@@ -158,6 +160,7 @@ def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list
         silent += found
         notes += more
         notes += [rescaled] if rescaled else []
+        notes += read_notes(first_run, restart, restored_step)
         for log in restart:
             if log.rank not in restore.steps or rescaled:
                 continue
@@ -205,6 +208,25 @@ def overwritten_notes(first_run: list[RankLog], complete: int) -> list[str]:
     files = ", ".join(sorted({file for _, file in later}))
     return [f"the newest complete checkpoint (step {complete}) was overwritten in place by the save of step "
             f"{later[0][0]} ({files}): it no longer existed when the job restarted"]
+
+
+def read_notes(first_run: list[RankLog], restart: list[RankLog], restored: int | None) -> list[str]:
+    """What the restart read before its first step, each file with the save that last wrote it in
+    the first run; where those saves disagree with the restored step, said so."""
+    if any(log.uses_contract for log in restart):
+        return []
+    last_save = {file: step for log in first_run for file, step, phase in log.written if phase == "save"}
+    read = sorted({file for log in restart for file in log.read})
+    if not read:
+        return ["the restart read no checkpoint file through open() before its first step (memory-mapped "
+                "reads, such as safetensors', are not seen)"]
+    saves = {last_save[file] for file in read if file in last_save}
+    named = ", ".join(f"{file} (step {last_save[file]})" if file in last_save else file for file in read[:8])
+    notes = [f"read before its first step: {named}" + (f" and {len(read) - 8} more" if len(read) > 8 else "")]
+    if restored is not None and saves and restored not in saves:
+        notes.append(f"the restart's state is that of step {restored}, yet the files it read were last written by "
+                     f"the save of step {', '.join(map(str, sorted(saves)))}")
+    return notes
 
 
 def _first_error(logs: list[RankLog], phase: str) -> RankError | None:

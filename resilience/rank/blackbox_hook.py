@@ -32,7 +32,7 @@ def install(config_text: str) -> None:
     from ..core.events import EventLog
     from ..faults.base import Clock, RankEnvironment
     from .fault_arming import arm_in_rank
-    from .step_observer import StepObserver, WrittenFiles
+    from .step_observer import ReadFiles, StepObserver, WrittenFiles
     from .worker import die_with_parent, exception_chain
 
     die_with_parent()  # an unmodified script never asks for it; no rank may outlive the driver
@@ -55,7 +55,7 @@ def install(config_text: str) -> None:
     arm_in_rank(fault, RankEnvironment(rank=rank, world_size=world_size, checkpoint_dir=Path(config["checkpoint_dir"]),
                                        clock=clock, emit=events.emit, case_dir=Path(config["run_dir"]),
                                        incarnation="first_run" if incarnation.is_first else "restart"),
-                listeners=[written])
+                listeners=[written], read_listeners=[] if incarnation.is_first else [ReadFiles(events.emit, clock)])
     place = RankPlace(clock, fault, written, events.emit)
     atexit.register(place.exiting)
     StepObserver(events.emit, place.move, place.save_returned).install()

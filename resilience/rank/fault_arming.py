@@ -11,10 +11,10 @@ from ..faults.base import Fault, RankEnvironment, ReadListener, WriteListener
 
 
 def arm_in_rank(fault: Fault | None, env: RankEnvironment, staging: Path | None = None,
-                listeners: Sequence[WriteListener] = ()) -> None:
-    """``listeners``: further write listeners of the rank itself (the black-box hook's record of
-    written files), installed with the fault's; ``staging``: the rank's $TMPDIR, whose files
-    listeners see as ``$TMPDIR/...``."""
+                listeners: Sequence[WriteListener] = (), read_listeners: Sequence[ReadListener] = ()) -> None:
+    """``listeners``, ``read_listeners``: further write and read listeners of the rank itself (the
+    black-box hook's record of written and read files), installed with the fault's; ``staging``:
+    the rank's $TMPDIR, whose files listeners see as ``$TMPDIR/...``."""
     from ..disk.interception import Interceptor
 
     writers = list(listeners)
@@ -22,10 +22,12 @@ def arm_in_rank(fault: Fault | None, env: RankEnvironment, staging: Path | None 
         writers.insert(0, fault)
     if writers:
         Interceptor(env.checkpoint_dir, writers, staging=staging).install()
-    if fault is None:
-        return
-    fault.arm(env)
+    if fault is not None:
+        fault.arm(env)
+    readers = list(read_listeners)
     if isinstance(fault, ReadListener) and fault.needs_read_interception():
+        readers.insert(0, fault)
+    if readers:
         from ..disk.read_interception import ReadInterceptor
 
-        ReadInterceptor(env.checkpoint_dir, [fault]).install()
+        ReadInterceptor(env.checkpoint_dir, readers).install()

@@ -30,7 +30,7 @@ import random
 import sys
 from typing import Any, Callable
 
-from ..faults.listeners import WriteListener
+from ..faults.listeners import ReadListener, WriteListener
 
 
 def state_digest(optimizer: Any, rng: bool = True) -> dict[str, str]:
@@ -151,3 +151,21 @@ class WrittenFiles(WriteListener):
         if self.clock.phase == "save":
             self.save_steps.add(self.clock.step)
         self.emit("file_written", file=file.relative, step=self.clock.step, phase=self.clock.phase)
+
+
+class ReadFiles(ReadListener):
+    """The files a restarted rank opens for reading under the checkpoint directory before its
+    first backward (its restore), each once, as ``file_read``. Pages of a memory-mapped file
+    (safetensors' native reader, ``torch.load(mmap=True)``) are read past ``open``: such a file
+    shows only where the library opens it through Python."""
+
+    def __init__(self, emit: Callable[..., None], clock: Any):
+        self.emit, self.clock = emit, clock
+        self.seen: set[str] = set()
+
+    def wants_read(self, relative: str) -> bool:
+        return self.clock.phase == "load" and relative not in self.seen
+
+    def on_open_read(self, path, relative: str) -> None:
+        self.seen.add(relative)
+        self.emit("file_read", file=relative)
