@@ -57,6 +57,18 @@ def test_markers_select_by_strategy_and_fault(suite):
     result.stdout.fnmatch_lines(["fast.scenario.yaml::strategy=torch.per_rank", "*1/2 tests collected*"])
 
 
+def test_the_deep_tier_runs_only_where_m_names_it(suite):
+    suite.makefile(".scenario.yaml", deep=FAST_CASE.replace("name: fast no-fault case", "name: deep\ntier: deep"))
+    plain = suite.runpytest("--collect-only", "-q", "-p", "no:cacheprovider")
+    plain.stdout.fnmatch_lines(["*2/4 tests collected (2 deselected)*"])
+    assert "deep.scenario.yaml" not in plain.stdout.str()
+    deep = suite.runpytest("--collect-only", "-q", "-p", "no:cacheprovider", "-m", "deep")
+    deep.stdout.fnmatch_lines(["deep.scenario.yaml::strategy=torch.rank0", "*2/4 tests collected (2 deselected)*"])
+    other = suite.runpytest("--collect-only", "-q", "-p", "no:cacheprovider", "-m", "strategy_deepspeed or fault_none")
+    other.stdout.fnmatch_lines(["*2/4 tests collected (2 deselected)*"])  # "deepspeed" does not name the tier
+    assert "deep.scenario.yaml" not in other.stdout.str()
+
+
 def test_bad_file_is_a_collection_error_and_the_rest_still_runs(suite, tmp_path):
     suite.makefile(".scenario.yaml", bad=BAD_CASE)
     work = tmp_path / "work"

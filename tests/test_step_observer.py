@@ -116,3 +116,11 @@ def test_the_restore_s_reads_are_on_record_and_cross_checked_with_the_saves_that
                                                 "last written by the save of step 8")
     nothing = [RankLog.from_events(0, [])]
     assert "memory-mapped reads" in read_notes(first, nothing, 4)[0]
+
+
+def test_a_sample_of_crash_states_spreads_from_the_first_to_the_last():
+    from resilience.run.script_explore import spread
+
+    assert spread(list(range(25)), 10) == [0, 3, 5, 8, 11, 13, 16, 19, 21, 24]
+    assert spread(list(range(8)), 10) == list(range(8))  # fewer than the budget: every one
+    assert spread(list(range(3)), 1) == [0]

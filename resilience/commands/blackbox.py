@@ -30,7 +30,7 @@ def add_blackbox_command(sub) -> None:
     command.add_argument("--references", type=int, default=None, help="uninterrupted runs (default 2; envelope 3)")
     command.add_argument("--envelope-factor", type=float, default=2.0)
     command.add_argument("--nproc-per-node", type=int, default=2)
-    command.add_argument("--restart-nproc-per-node", type=int, default=None,
+    command.add_argument("--restart-nproc-per-node", type=int, default=None, choices=range(1, 65), metavar="1..64",
                          help="the restart's ranks, where it restarts at another world size (not judged bitwise)")
     command.add_argument("--max-restarts", type=int, default=1)
     command.add_argument("--timeout", type=float, default=300.0, help="seconds per torchrun launch before HANG")

@@ -126,13 +126,15 @@ def _matching_step(states: dict[int, dict[str, str]], part: str, value: str) -> 
 
 def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list[RankLog] | None,
                hung: str | None, envelope: Envelope | None = None, fallback_ok: bool = False,
-               rescaled: str | None = None) -> Verdict:
+               rescaled: str | None = None, reads_from_run: bool = True) -> Verdict:
     """``reference``: the uninterrupted run, one log per rank; ``first_run`` and ``restart``: one
     log per rank (``restart`` None when the job never restarted); ``hung``: the part past its
     deadline. Each rank is judged against its own reference, bitwise, or within ``envelope``
     (a script that is not reproducible). ``fallback_ok``: an older checkpoint than the newest
     complete one may be restored (the intact-checkpoint probe hid the newest). ``rescaled``: the
-    restart ran at another world size, said in these words; its losses are not compared."""
+    restart ran at another world size, said in these words; its losses are not compared.
+    ``reads_from_run``: the files the restart read hold what the first run last wrote (not so in
+    a rebuilt crash state), so their saves are cross-checked with the restored step."""
     expected = {log.rank: log.step_losses() for log in reference}
     final_step = max((max(losses, default=0) for losses in expected.values()), default=0)
     divergence, silent = None, []
@@ -156,11 +158,12 @@ def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list
         silent += restore.silent
         notes += restore.notes
         restored_step = restore.steps.get(0)
-        found, more = rules.restore_findings(restore.steps, complete, fallback_ok, "the losses after it match")
+        found, more = rules.restore_findings(restore.steps, complete, fallback_ok, "its parameter and optimizer "
+                                             "digests are that step's" if rescaled else "the losses after it match")
         silent += found
         notes += more
         notes += [rescaled] if rescaled else []
-        notes += read_notes(first_run, restart, restored_step)
+        notes += read_notes(first_run, restart, restored_step if reads_from_run else None)
         for log in restart:
             if log.rank not in restore.steps or rescaled:
                 continue

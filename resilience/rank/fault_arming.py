@@ -26,7 +26,7 @@ def arm_in_rank(fault: Fault | None, env: RankEnvironment, staging: Path | None 
         fault.arm(env)
     readers = list(read_listeners)
     if isinstance(fault, ReadListener) and fault.needs_read_interception():
-        readers.insert(0, fault)
+        readers.append(fault)  # after the recorders: a read it fails at the open is on record too
     if readers:
         from ..disk.read_interception import ReadInterceptor
 

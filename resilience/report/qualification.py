@@ -81,7 +81,7 @@ class CaseRecord:
         return cls(source=case.source, case_id=case.id, name=case.name, strategy=strategy_label(case),
                    fault=fault_label(case), status=status, reason=reason, verdict=None,
                    expected=case.expect.verdict.value, elapsed_s=elapsed_s,
-                   replay=replay_command(case.source, case.id, script=isinstance(case, ScriptCase)))
+                   replay=replay_command(case.source, case.id, script=isinstance(case, ScriptCase), tier=case.tier))
 
     @classmethod
     def of_script(cls, case: ScriptCase, verdict: Verdict, outcome: CaseOutcome, elapsed_s: float,
@@ -93,8 +93,9 @@ class CaseRecord:
         return cls(source=case.source, case_id=case.id, name=case.name, strategy=strategy_label(case),
                    fault=fault_label(case), status=outcome.status, reason=outcome.reason,
                    verdict=verdict.kind.value, expected=case.expect.verdict.value, elapsed_s=elapsed_s,
-                   replay=replay_command(case.source, case.id, script=True), restored_step=verdict.restored_step,
-                   complete_step=verdict.complete_step, intact_step=verdict.intact_step,
+                   replay=replay_command(case.source, case.id, script=True, tier=case.tier),
+                   restored_step=verdict.restored_step, complete_step=verdict.complete_step,
+                   intact_step=verdict.intact_step,
                    steps_lost=max(trained) - restored if trained and restored is not None else None,
                    reference_losses=tuple(losses.get("reference", {}).items()),
                    first_run_losses=tuple(losses.get("first_run", {}).items()),

@@ -6,10 +6,12 @@ import shlex
 from ..core.records import CaseResult
 
 
-def replay_command(case_source: str, case_id: str, script: bool = False) -> str:
-    """The command that runs the case again: ``resilience run``, or pytest for a user's script."""
+def replay_command(case_source: str, case_id: str, script: bool = False, tier: str = "full") -> str:
+    """The command that runs the case again: ``resilience run``, or pytest for a user's script (a
+    case of the deep tier runs only where ``-m`` names it)."""
     if script:
-        return shlex.join(["python", "-m", "pytest", f"{case_source}::{case_id}"])
+        return shlex.join(["python", "-m", "pytest", f"{case_source}::{case_id}", *(["-m", "deep"] if tier == "deep"
+                                                                                     else [])])
     args = ["python", "-m", "resilience", "run", case_source]
     if case_id != "case":
         args += ["--case", case_id]

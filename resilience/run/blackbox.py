@@ -65,7 +65,8 @@ __all__ = ["BlackBoxJob", "BlackBoxResult", "describe", "qualify_script", "run_s
 
 PLACEHOLDER = "{checkpoint_dir}"
 #: torchrun's rendezvous errors (torch.distributed.elastic.rendezvous.api), in the agent's output
-RENDEZVOUS_FAILURE = re.compile(r"Rendezvous(?:Timeout|Closed|Connection|State|GracefulExit)?Error[^\n]*")
+RENDEZVOUS_FAILURE = re.compile(r"^(?:torch\.distributed\.elastic\.rendezvous\.api\.)?"
+                                r"Rendezvous(?:Timeout|Closed|Connection|State)?Error:[^\n]*", re.MULTILINE)
 #: frames that are not the script's own in a rank's stack dump: torch's, and the startup hook's
 OUTSIDE_THE_SCRIPT = ("/torch/", str(PROJECT_ROOT / "resilience" / "rank"))
 
@@ -254,16 +255,16 @@ class _BlackBoxRun:
                 self.harness_side.supervise(events(), group.rank_handles(self.job.nproc_per_node, armed()))
 
         end = supervise(group, deadline_after(self.job.launch_timeout_s), watch)
-        if end.status == "deadline":
-            return f"launch {launch} of {run_dir.name}"
-        self._check_launcher(run_dir, launch, args, restarts)
-        return None
+        self._check_launcher(run_dir, launch, args, restarts, failed=end.status != "completed")
+        return f"launch {launch} of {run_dir.name}" if end.status == "deadline" else None
 
-    def _check_launcher(self, run_dir: Path, launch: int, args: tuple[str, ...], restarts: int) -> None:
-        """Raise `LauncherFailed` where torchrun started no rank, or its rendezvous failed."""
+    def _check_launcher(self, run_dir: Path, launch: int, args: tuple[str, ...], restarts: int,
+                        failed: bool) -> None:
+        """Raise `LauncherFailed` where torchrun started no rank (by its end or its deadline), or
+        ended in failure on a rendezvous error it raised (its warnings may name one in passing)."""
         log = (run_dir / f"torchrun.launch{launch}.log").read_text(errors="replace")
         started = (run_dir / Incarnation(launch, 0).name).is_dir()
-        rendezvous = RENDEZVOUS_FAILURE.search(log)
+        rendezvous = RENDEZVOUS_FAILURE.search(log) if failed else None
         if started and not rendezvous:
             return
         what = "started no rank" if not started else f"failed in its rendezvous ({rendezvous.group(0)})"

@@ -42,6 +42,12 @@ class ScriptState:
     restart: tuple[RankLog, ...] | None
 
 
+def spread(items: list, count: int) -> list:
+    """At most ``count`` of ``items``, evenly apart, the first and the last included."""
+    count = min(count, len(items))
+    return [items[i] for i in sorted({round(i * (len(items) - 1) / max(1, count - 1)) for i in range(count)})]
+
+
 def explore_script(model: CrashModel, reference: list[RankLog], first_run: list[RankLog], restore: Restore,
                    profile: str, envelope: Envelope | None = None, rescaled: str | None = None
                    ) -> tuple[Verdict, ScriptState]:
@@ -59,8 +65,7 @@ def explore_script(model: CrashModel, reference: list[RankLog], first_run: list[
         for point in model.sweep():
             swept.setdefault(state_hash(*model.disk(point)), []).append(point)
         every = list(swept.items())
-        picks = sorted({round(i * (len(every) - 1) / max(1, budget - 1)) for i in range(min(budget, len(every)))})
-        chosen = [every[i] for i in picks]
+        chosen = spread(every, budget)
         how = (f"sampled {len(chosen)} of the {len(every)} distinct crash states at its op boundaries "
                f"({enumeration.too_large}; a restart of the script each)")
     judged: list[ScriptState] = []
@@ -70,7 +75,8 @@ def explore_script(model: CrashModel, reference: list[RankLog], first_run: list[
             point = next(p for p in points if model.returned(p) == returned)
             as_of = [dataclasses.replace(log, saved=tuple(s for s in log.saved if s != model.step
                                                           or log.rank in returned)) for log in first_run]
-            verdict = judge_logs(reference, as_of, restart, hung, envelope, rescaled=rescaled)
+            verdict = judge_logs(reference, as_of, restart, hung, envelope, rescaled=rescaled,
+                                 reads_from_run=False)
             judged.append(ScriptState(digest, verdict, tuple(model.describe(point)),
                                       tuple(restart) if restart is not None else None))
     reported = max(judged, key=lambda s: (SEVERITY[s.verdict.kind], s.verdict.restored_step or -1,

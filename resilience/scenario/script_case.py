@@ -85,6 +85,10 @@ def check_script_case(doc: dict, source: str, case_id: str, where: str, problems
     fault = None
     if script is not None:
         fault = v.section("fault", _checked_fault, v, doc.get("fault", {"kind": "none"}), script.nproc_per_node)
+    if fault is not None and fault.trigger is not None and script.restart_nproc_per_node is not None \
+            and registry.resolve("fault", fault.kind).arms_at_restart \
+            and fault.trigger.rank >= script.restart_nproc_per_node:
+        v.section("fault.rank", _refuse, v, fault.trigger.rank, script.restart_nproc_per_node)
     expect, known_issue, timeouts = check_expectations(v, doc)
     if v.found_any:
         return None
@@ -117,6 +121,11 @@ def check_script(v: Validator, value: Any, directory: Path) -> ScriptSpec:
                       restart_nproc_per_node=restart_nproc,
                       max_restarts=restarts, env={key: str(item) for key, item in env.items()}, oracle=oracle,
                       references=references, envelope_factor=factor)
+
+
+def _refuse(v: Validator, rank: int, ranks: int) -> None:
+    raise v.error("fault.rank", f"this fault acts in the restart, which has {ranks} ranks "
+                  "(script.restart_nproc_per_node)", rank, f"0..{ranks - 1}")
 
 
 def _strings(v: Validator, key: str, value: Any) -> tuple[str, ...]:
