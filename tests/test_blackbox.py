@@ -255,3 +255,22 @@ def test_a_launcher_failure_is_reported_as_such_with_the_command_that_reproduces
     assert "PET_LOG_DIR=/proc/nope " in message and "-m torch.distributed.run --standalone" in message
     assert "No such file or directory: '/proc/nope'" in message  # the agent's own output
     assert list(tmp_path.iterdir()) == []  # nothing left behind
+
+
+def test_a_fault_acting_in_the_restart_names_the_restart_s_world_size(tmp_path):
+    from resilience.scenario.loader import load_any_file
+
+    path = write_script_scenario(tmp_path, fault="{kind: read_error, rank: 1, step: 8, file: ckpt.pt}")
+    path.write_text(path.read_text().replace("nproc_per_node: 2}", "nproc_per_node: 2, restart_nproc_per_node: 1}"))
+    with pytest.raises(ScenarioError, match=r"fault\.rank: this fault acts in the restart, which has 1 ranks.*0\.\.0"):
+        load_any_file(path)
+
+
+def test_only_a_rendezvous_error_torchrun_raised_counts_as_its_failure():
+    from resilience.run.blackbox import RENDEZVOUS_FAILURE
+
+    raised = "...\ntorch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: no peers within 600 s\n"
+    assert RENDEZVOUS_FAILURE.search(raised).group(0).endswith("RendezvousTimeoutError: no peers within 600 s")
+    warned = ("W1203 torch/distributed/elastic/rendezvous/dynamic_rendezvous.py:1217] The node failed to send a "
+              "keep-alive heartbeat due to an error of type RendezvousConnectionError.\n")
+    assert RENDEZVOUS_FAILURE.search(warned) is None
