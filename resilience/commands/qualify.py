@@ -30,7 +30,7 @@ from ..measure.fsprobe import DEFAULT_SIZE, measure_write_bandwidth
 from ..measure.throughput import StrategyThroughput, measure
 from ..report import html as qualify_html
 from ..report import junit
-from ..report.lost_work import per_strategy
+from ..report.lost_work import lost_line, per_strategy
 from ..report.qualification import Qualification
 from ..run import launchers
 from ..run.harness import Harness
@@ -214,10 +214,10 @@ def main(args: argparse.Namespace, progress=None) -> int:
                            object_bandwidth=object_bandwidth)
     paths = write_reports(report, args.out)
     for row in per_strategy(report.cases):
-        timing = ("" if row.lost_s is None else f", {row.lost_s:.2f} s") + f" over {row.cases} cases" + (
-            "" if row.lost_s is None else f" (restart {row.restart_s:.2f} s + replay {row.replay_s:.2f} s; "
-                                          f"restore {row.restore_s or 0:.2f} s)")
-        print(f"lost work {row.strategy}: {row.steps_lost} steps{timing}"
+        lost = lost_line(row.steps_lost, row.restart_s, row.replay_s)  # "-": not timed (a script's restart)
+        restore = "" if row.restore_s is None else f"; restore {row.restore_s:.2f} s"
+        print(f"lost work {row.strategy}: {f'{row.steps_lost} steps' if lost == '-' else lost} over {row.cases} "
+              f"cases{restore}"
               + (f"; {row.refused_with_intact} refused with an intact older checkpoint" if row.refused_with_intact
                  else ""), file=progress, flush=True)
     skipped_in_ci = skips_fail() and any(r.status == "skipped" for r in records)

@@ -174,9 +174,8 @@ class _BlackBoxRun:
             materialise(files, dirs, run_dir / "checkpoints")
             hung = self._launch(run_dir, fault=None, launch=1, args=self.job.restart_args or self.job.args,
                                 restarts=0)
-            logs = self._logs(run_dir, Incarnation(1, 0)) if (run_dir / Incarnation(1, 0).name).is_dir() else None
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-            return logs, hung
+            return self._logs(run_dir, Incarnation(1, 0)), hung
 
         profile = os.environ.get(PROFILE_VARIABLE) or self.fault["params"].get("profile", "ci")
         verdict, state = explore_script(model, reference, first, restore, profile, envelope, self.rescaled)
@@ -186,8 +185,7 @@ class _BlackBoxRun:
         """One more restart without a fault (launch 2), for the intact-checkpoint probe."""
         if self._launch(job_dir, fault=None, launch=2, args=self.job.restart_args or self.job.args, restarts=0):
             return None
-        started = (job_dir / Incarnation(2, 0).name).is_dir()
-        return self._logs(job_dir, Incarnation(2, 0)) if started else None
+        return self._logs(job_dir, Incarnation(2, 0))  # a launch that started no rank raised (_check_launcher)
 
     def _runs(self) -> int:
         return max(2, self.job.references) if self.job.oracle == "envelope" else max(1, self.job.references)

@@ -17,7 +17,6 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..core.case import VerdictKind
 from ..core.records import Verdict
 from ..disk.crash_states import CrashModel, CrashPoint
 from ..disk.enumeration import distinct_states
@@ -25,11 +24,11 @@ from ..disk.state_tree import state_hash
 from ..errors import HarnessError
 from ..oracle.blackbox import RankLog, judge_logs
 from ..oracle.envelope import Envelope
+from .explore import SEVERITY
 
 SCRIPT_RESTORES = {"ci": 10, "long": 200}  # restarts of the script per power_loss case
-SEVERITY = {VerdictKind.RECOVERED: 0, VerdictKind.LOUD: 1, VerdictKind.HANG: 2, VerdictKind.SILENT: 3}
-#: restore(files, dirs, label) -> the restart's logs (None: it never started) and the part that hung
-Restore = Callable[[dict[str, bytes], set[str], str], tuple[list[RankLog] | None, str | None]]
+#: restore(files, dirs, label) -> the restart's logs and the part that hung (None: none)
+Restore = Callable[[dict[str, bytes], set[str], str], tuple[list[RankLog], str | None]]
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class ScriptState:
     digest: str
     verdict: Verdict
     description: tuple[str, ...]
-    restart: tuple[RankLog, ...] | None
+    restart: tuple[RankLog, ...]
 
 
 def spread(items: list, count: int) -> list:
@@ -77,8 +76,7 @@ def explore_script(model: CrashModel, reference: list[RankLog], first_run: list[
                                                           or log.rank in returned)) for log in first_run]
             verdict = judge_logs(reference, as_of, restart, hung, envelope, rescaled=rescaled,
                                  reads_from_run=False)
-            judged.append(ScriptState(digest, verdict, tuple(model.describe(point)),
-                                      tuple(restart) if restart is not None else None))
+            judged.append(ScriptState(digest, verdict, tuple(model.describe(point)), tuple(restart)))
     reported = max(judged, key=lambda s: (SEVERITY[s.verdict.kind], s.verdict.restored_step or -1,
                                           -judged.index(s)))
     counts = Counter(state.verdict.kind.value for state in judged)
