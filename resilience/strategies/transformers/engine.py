@@ -34,10 +34,13 @@ def tiny_causal_lm(seed: int, dropout: float) -> GPT2LMHeadModel:
 
 class CountingSequences(torch.utils.data.Dataset):
     """``examples`` sequences that count by a stride modulo the vocabulary (something to learn),
-    each start and stride drawn from ``seed``; an item is ``{"index", "input_ids", "labels"}``."""
+    each start and stride drawn from ``seed``; an item is ``{"index", "input_ids", "labels"}``.
+    A ``held_out`` set (what ``eval_steps`` evaluates) is drawn apart, its indices negative so that
+    the collator tells its batches from the training set's."""
 
-    def __init__(self, seed: int, examples: int):
-        generator = torch.Generator().manual_seed(seed + 1)
+    def __init__(self, seed: int, examples: int, held_out: bool = False):
+        self.first_index = -examples if held_out else 0
+        generator = torch.Generator().manual_seed(seed + (2 if held_out else 1))
         starts = torch.randint(0, VOCABULARY, (examples, 1), generator=generator)
         strides = torch.randint(1, 4, (examples, 1), generator=generator)
         self.tokens = (starts + strides * torch.arange(SEQUENCE)) % VOCABULARY
@@ -46,20 +49,23 @@ class CountingSequences(torch.utils.data.Dataset):
         return len(self.tokens)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        return {"index": index, "input_ids": self.tokens[index], "labels": self.tokens[index]}
+        return {"index": self.first_index + index, "input_ids": self.tokens[index], "labels": self.tokens[index]}
 
 
 class IndexCollator:
     """Stacks a batch's tokens for the model and keeps its items' indices, in the order the loader
     collates them, for the data audit: Accelerate's loader collates one batch ahead, so the
     callback takes a step's batches from the front. Where workers collate (``num_workers > 0``)
-    the indices stay in the workers: the audit is off (``take`` answers None)."""
+    the indices stay in the workers: the audit is off (``take`` answers None). Batches of the
+    held-out set (negative indices) are not training batches: not kept."""
 
     def __init__(self) -> None:
         self.pending: deque[list[int]] = deque()
 
     def __call__(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        self.pending.append([int(item["index"]) for item in items])
+        indices = [int(item["index"]) for item in items]
+        if indices[0] >= 0:
+            self.pending.append(indices)
         return {"input_ids": torch.stack([item["input_ids"] for item in items]),
                 "labels": torch.stack([item["labels"] for item in items])}
 
@@ -101,12 +107,12 @@ class TrainerTrainedWorkload(Workload):
         save: model, optimizer, scheduler, RNG states, trainer state) into ``directory/checkpoint-N``;
         collective as the Trainer's save is. The continuation resumes from that folder."""
         trainer = self.trainer
-        output_dir = trainer.args.output_dir
-        trainer.args.output_dir = str(directory)
+        output_dir, only_model = trainer.args.output_dir, trainer.args.save_only_model
+        trainer.args.output_dir, trainer.args.save_only_model = str(directory), False  # all of the state
         try:
             trainer._save_checkpoint(trainer.model, trial=None)
         finally:
-            trainer.args.output_dir = output_dir
+            trainer.args.output_dir, trainer.args.save_only_model = output_dir, only_model
 
 
 class HarnessCallback(TrainerCallback):
