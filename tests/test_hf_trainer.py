@@ -9,9 +9,10 @@ import sys
 import pytest
 
 from resilience.core.case import VerdictKind
-from resilience.core.plan import REFERENCE, RESTART
+from resilience.core.plan import FALLBACK, REFERENCE, RESTART
+from resilience.errors import ScenarioError
 
-from .harness_helpers import run_case
+from .harness_helpers import case_from, run_case
 
 needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                                         reason="transformers is not installed: pip install -e '.[transformers]'")
@@ -35,6 +36,60 @@ def test_a_kill_between_saves_recovers_bitwise_with_the_samples_the_reference_tr
     samples = {e["step"]: e["samples"] for e in restart.ranks[1].events if e["event"] == "loss"}
     expected = {e["step"]: e["samples"] for e in reference.ranks[1].events if e["event"] == "loss"}
     assert samples and all(samples[step] == expected[step] for step in samples)
+    assert not [finding for finding in result.verdict.findings if finding.startswith("data:")]
+
+
+@needs_transformers
+def test_the_data_audit_names_the_samples_a_resume_without_data_skip_repeats_and_skips(tmp_path):
+    """The planted twin of the case above: the same kill with the Trainer's own
+    ``ignore_data_skip`` (the resumed epoch starts at its first batch, trainer.py:1851). The losses
+    differ, and the data audit names the dataset indices trained twice and those never trained."""
+    options = {"ignore_data_skip": True}
+    result = run_case(tmp_path, strategy={**TRAINER, "options": options}, fault=KILL)
+    assert result.verdict.kind == VerdictKind.SILENT, result.verdict
+    data = [finding for finding in result.verdict.findings if finding.startswith("data:")]
+    twice = [finding for finding in data if "trained twice" in finding]
+    never = [finding for finding in data if "never trained" in finding]
+    assert twice and never, data
+    assert "after the restore at step 4" in twice[0] and "dataset indices" in twice[0]
+
+
+@needs_transformers
+def test_a_refused_restore_is_probed_with_the_trainers_own_resume_from_a_chosen_folder(tmp_path):
+    """Killed 64 bytes into checkpoint-8/config.json (the save's first file), the restart takes the
+    torn folder and refuses; the availability probe resumes fresh ranks from checkpoint-4 with
+    ``resume_from_checkpoint=<checkpoint-4>`` and proves it intact bitwise."""
+    fault = {"kind": "kill", "rank": 0, "step": 8, "phase": "save", "point": "write",
+             "file": "checkpoint-8/config.json", "after_bytes": 64}
+    result = run_case(tmp_path, strategy=TRAINER, fault=fault)
+    assert result.verdict.kind == VerdictKind.LOUD, result.verdict
+    assert "Can't find a valid checkpoint" in str(result.verdict.first_error)
+    assert result.verdict.intact_step == 4
+    probe = result.phase(FALLBACK)
+    assert {event["step"] for event in probe.restored().values()} == {4}
+    assert probe.losses(0) == {step: loss for step, loss in result.phase(REFERENCE).losses(0).items() if step > 4}
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"model": "LlamaForCausalLM"}, r"strategy\.options\.model.*package\.module:Class"),
+    ({"model_config": {"hidden_size": 8}}, r"strategy\.options\.model_config.*model: package\.module:Class"),
+    ({"model": "transformers:LlamaForCausalLM", "dropout": 0.1}, r"strategy\.options\.dropout.*model_config"),
+    ({"load_best_model_at_end": True}, r"load_best_model_at_end.*eval_steps"),
+    ({"training_arguments": {"save_steps": 2}}, r"training_arguments\.save_steps.*set by the harness"),
+    ({"training_arguments": {"seed": 2}}, r"training_arguments\.seed.*strategy\.options\.seed"),
+    ({"training_arguments": ["weight_decay"]}, r"training_arguments.*must map"),
+    ({"ignore_data_skip": "yes"}, r"strategy\.options\.ignore_data_skip.*allowed"),
+])
+def test_bad_options_name_the_key_the_value_and_what_is_allowed(options, message):
+    with pytest.raises(ScenarioError, match=message):
+        case_from(strategy={**TRAINER, "options": options})
+
+
+@needs_transformers
+def test_training_arguments_are_checked_against_the_fields_of_TrainingArguments():
+    with pytest.raises(ScenarioError, match=r"training_arguments\.weight_decy.*not a TrainingArguments field"):
+        case_from(strategy={**TRAINER, "options": {"training_arguments": {"weight_decy": 0.1}}})
+    case_from(strategy={**TRAINER, "options": {"training_arguments": {"weight_decay": 0.1}}})
 
 
 @needs_transformers
