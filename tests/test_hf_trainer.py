@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from resilience.core.case import VerdictKind
-from resilience.core.plan import FALLBACK, REFERENCE, RESTART
+from resilience.core.plan import FALLBACK, FIRST_RUN, REFERENCE, RESTART
 from resilience.errors import ScenarioError
 
 from .harness_helpers import case_from, run_case
@@ -68,6 +68,33 @@ def test_a_refused_restore_is_probed_with_the_trainers_own_resume_from_a_chosen_
     probe = result.phase(FALLBACK)
     assert {event["step"] for event in probe.restored().values()} == {4}
     assert probe.losses(0) == {step: loss for step, loss in result.phase(REFERENCE).losses(0).items() if step > 4}
+
+
+@needs_transformers
+def test_a_kill_between_the_micro_batches_of_a_step_fires_there_and_recovers(tmp_path):
+    """With ``gradient_accumulation_steps: 2`` the Trainer calls ``on_substep_end`` after the first
+    micro-batch of each step; a kill at point ``micro_step`` fires there (the step's loss never
+    logged) and the restart from checkpoint-4 recovers bitwise."""
+    options = {"gradient_accumulation_steps": 2}
+    fault = {**KILL, "point": "micro_step"}
+    result = run_case(tmp_path, strategy={**TRAINER, "options": options}, fault=fault)
+    assert result.verdict.kind == VerdictKind.RECOVERED, result.verdict
+    first_run = result.phase(FIRST_RUN)
+    fired = first_run.events("fault_fired")
+    assert [(event["step"], event["phase"], event["point"]) for event in fired] == [(6, "train", "micro_step")]
+    assert max(first_run.losses(1)) == 5
+
+
+def test_a_micro_step_point_needs_a_loop_that_accumulates():
+    fault = {**KILL, "point": "micro_step"}
+    with pytest.raises(ScenarioError, match=r"fault\.point.*one micro-batch a step.*gradient_accumulation_steps"):
+        case_from(strategy=TRAINER, fault=fault)
+    with pytest.raises(ScenarioError, match=r"fault\.point.*torch\.per_rank"):
+        case_from(fault=fault)
+    with pytest.raises(ScenarioError, match=r"fault\.point"):
+        case_from(strategy={**TRAINER, "options": {"gradient_accumulation_steps": 2}},
+                  fault={"kind": "stall", "rank": 1, "step": 6, "phase": "train", "point": "micro_step",
+                         "seconds": 1})
 
 
 @pytest.mark.parametrize(("options", "message"), [

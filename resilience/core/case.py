@@ -49,6 +49,9 @@ class StrategySpec:
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
+MICRO_STEP = "micro_step"  # a train point: between two micro-batches of one optimizer step
+
+
 @dataclass(frozen=True)
 class Trigger:
     """Where a fault fires: on `rank`, in `phase` of `step`, at `point`, optionally inside `file`."""
@@ -56,7 +59,7 @@ class Trigger:
     rank: int
     step: int
     phase: str  # "save" or "train"
-    point: str  # "start", "open", "write", "fsync", "close"
+    point: str  # "start", "micro_step" (train), "open", "write", "fsync", "close"
     file: str  # glob relative to the checkpoint directory
     after_bytes: int | None
 

@@ -133,6 +133,12 @@ class RankSide:
     def after_save(self, strategy: Any, step: int) -> None:
         """The rank's ``strategy.save`` for ``step`` returned (main thread, before the next step)."""
 
+    def between_micro_steps(self, step: int) -> None:
+        """The rank finished the first micro-batch of ``step`` (forward and backward, gradients
+        accumulated, no optimizer step yet), before its next one: called, after ``at("train",
+        step)``, by a library's loop that accumulates (a strategy whose ``micro_steps`` is 2 or
+        more), in the rank's main thread."""
+
     # -- trigger helpers ------------------------------------------------------------------------
     def on_trigger_rank(self) -> bool:
         """This process belongs to the trigger's rank."""

@@ -41,6 +41,10 @@ class HarnessObserver(TrainingObserver):
         if self.fault:
             self.fault.at("train", step)
 
+    def between_micro_steps(self, step: int) -> None:
+        if self.fault:
+            self.fault.between_micro_steps(step)
+
     def after_step(self, workload: Workload, step: int, loss: float) -> None:
         self.clock.phase = "idle"
         samples = workload.consumed_samples()  # the data audit: what the step's batch held

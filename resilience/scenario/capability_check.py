@@ -7,7 +7,7 @@ from functools import lru_cache
 
 from ..core import registry
 from ..core.capabilities import Capability
-from ..core.case import StrategySpec
+from ..core.case import MICRO_STEP, FaultSpec, StrategySpec
 
 
 def capability_problem(strategy: StrategySpec, fault_kind: str) -> tuple[str, str, str, object] | None:
@@ -24,6 +24,18 @@ def capability_problem(strategy: StrategySpec, fault_kind: str) -> tuple[str, st
         why = f"which strategy {strategy.name}{' so configured' if strategy.options else ''} does not offer"
     return ("strategy", f"fault {fault_kind} needs {needs}, {why}", strategy.name,
             offering(frozenset(missing)) or "a plug-in strategy that declares it (package.module:Class)")
+
+
+def micro_step_problem(strategy: StrategySpec, fault: FaultSpec) -> tuple[str, str, str, object] | None:
+    """A fault at point ``micro_step`` needs a strategy whose loop accumulates micro-batches and
+    says so between them (`CheckpointStrategy.micro_steps`); elsewhere it would never fire."""
+    if fault.trigger is None or fault.trigger.point != MICRO_STEP:
+        return None
+    if registry.resolve("strategy", strategy.name).micro_steps(strategy.options) >= 2:
+        return None
+    return ("fault.point", f"fires between the micro-batches of a step, and strategy {strategy.name} so configured "
+            "trains one micro-batch a step", MICRO_STEP, "a strategy that accumulates: hf_trainer with "
+            "gradient_accumulation_steps >= 2, or point start")
 
 
 @lru_cache(maxsize=None)

@@ -23,7 +23,7 @@ from ..core.case import (
     WorkloadSpec,
 )
 from ..disk.trace_targets import POINTER, WRITTEN_BY, is_selector, parse_target
-from .capability_check import capability_problem
+from .capability_check import capability_problem, micro_step_problem
 from .checks import Problems, Validator, parse_size
 from .placement import check_restart, check_topology
 from .schema import (
@@ -67,8 +67,8 @@ def check_case(document: Any, source: str, case_id: str = "", where: str = "",
         if v.ok("topology"):
             restart = v.section("restart", check_restart, v, doc.get("restart", {}), workload, topology)
     if strategy is not None and fault is not None:
-        problem = capability_problem(strategy, fault.kind) or registry.resolve("fault", fault.kind).check_strategy(
-            registry.resolve("strategy", strategy.name))
+        problem = capability_problem(strategy, fault.kind) or micro_step_problem(strategy, fault) \
+            or registry.resolve("fault", fault.kind).check_strategy(registry.resolve("strategy", strategy.name))
         if problem:
             v.note(v.error(*problem))
     object_store = None

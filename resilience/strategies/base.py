@@ -179,6 +179,14 @@ class CheckpointStrategy(ABC):
         raise NotImplementedError(f"{type(self).__name__} records no version")
 
     @classmethod
+    def micro_steps(cls, options: Mapping[str, Any]) -> int:
+        """How many micro-batches one optimizer step of this strategy, configured with ``options``,
+        accumulates, its loop calling ``TrainingObserver.between_micro_steps`` after each but the
+        last (1: no such call). Called in the harness by the scenario validator, which refuses a
+        fault at point ``micro_step`` where it is 1."""
+        return 1
+
+    @classmethod
     def trainer(cls, options: Mapping[str, Any]) -> str:
         """Who computes the training steps: "" when the workload trains itself, otherwise a name
         for the engine that wraps it (its reference runs are cached apart). Called in the harness,

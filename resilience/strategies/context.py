@@ -48,6 +48,8 @@ class TrainingObserver(ABC):
          first step it trains;
       2. per step: ``before_step(step)`` before its batch, then ``after_step(step, loss)`` once the
          optimizer stepped (``loss``: the global loss, identical on every rank);
+         Where the library accumulates gradients (``micro_steps`` >= 2), ``between_micro_steps(step)``
+         after each micro-batch of the step but its last;
       3. at a checkpoint step (``step % checkpoint_every == 0``) of a phase that ``saves``:
          ``before_save(step)`` right before the library's save, ``after_save(step)`` once it returned.
     ``snapshot_due(step)`` says whether the reference run wants a trusted snapshot after that step
@@ -68,6 +70,9 @@ class TrainingObserver(ABC):
 
     @abstractmethod
     def after_step(self, workload: Workload, step: int, loss: float) -> None: ...
+
+    def between_micro_steps(self, step: int) -> None:  # noqa: B027 -- only loops that accumulate call it
+        """After a micro-batch of ``step`` that is not its last, before the next."""
 
     @abstractmethod
     def before_save(self, step: int) -> None: ...

@@ -11,6 +11,7 @@ import time
 from fnmatch import fnmatchcase
 from typing import Any
 
+from ...core.case import MICRO_STEP
 from ...disk.interception import InterceptedFile
 from ..base import Fault, WriteListener
 
@@ -22,6 +23,8 @@ class Kill(Fault, WriteListener):
     """Kill ``rank`` at ``point`` of ``phase`` at ``step``:
 
     - ``start``: entering the train step (before its all-reduce) or the save (before any file);
+    - ``micro_step`` (train): after the step's first micro-batch, before its next one, with the
+      gradients half accumulated (a strategy whose loop accumulates: ``micro_steps`` >= 2);
     - ``open``: just after the first file matching ``file`` was created (it stays empty);
     - ``write``: once ``after_bytes`` bytes of that file are written (exactly that many stay);
     - ``fsync``: just before fsync of that file;
@@ -44,6 +47,7 @@ class Kill(Fault, WriteListener):
     on_objects = True  # at start points; file points reach files only
     kind = "kill"
     params = {"once_written": (str, None), "process": (("rank", "helper"), "rank")}
+    points = {**Fault.points, "train": ("start", MICRO_STEP)}
 
     @classmethod
     def check(cls, spec):
@@ -78,6 +82,10 @@ class Kill(Fault, WriteListener):
         if self.spec.params.get("once_written") and self.in_trigger_window():
             self._before_save = self._awaited_files()
         if self.trigger.point == "start" and self.in_trigger_window():
+            self._kill(None)
+
+    def between_micro_steps(self, step: int) -> None:
+        if self.trigger.point == MICRO_STEP and self.in_trigger_window():
             self._kill(None)
 
     def on_open(self, file: InterceptedFile) -> None:

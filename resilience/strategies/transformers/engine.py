@@ -117,7 +117,8 @@ class TrainerTrainedWorkload(Workload):
 
 class HarnessCallback(TrainerCallback):
     """The harness's eyes in ``Trainer.train``. The Trainer calls, per optimizer step:
-    ``on_step_begin`` (first micro-batch), ``on_step_end``, then in ``_maybe_log_save_evaluate``
+    ``on_step_begin`` (first micro-batch), ``on_substep_end`` after each micro-batch but the last
+    (``gradient_accumulation_steps`` >= 2; trainer.py:1969), ``on_step_end``, then in ``_maybe_log_save_evaluate``
     ``on_log`` (``logging_steps=1``: the loss gathered from every rank and averaged, identical on
     all of them) and, when it saves, ``_save_checkpoint`` and ``on_save``."""
 
@@ -129,6 +130,9 @@ class HarnessCallback(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.observer.before_step(state.global_step + 1)
+
+    def on_substep_end(self, args, state, control, **kwargs):  # a micro-batch accumulated, not the step's last
+        self.observer.between_micro_steps(state.global_step + 1)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs:  # the end-of-training summary, say

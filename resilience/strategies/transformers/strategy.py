@@ -67,6 +67,10 @@ class TrainerCheckpoint(CheckpointStrategy):
         return arguments.option_problem(options)
 
     @classmethod
+    def micro_steps(cls, options: Mapping[str, Any]) -> int:
+        return int(options.get("gradient_accumulation_steps", 1))
+
+    @classmethod
     def trainer(cls, options: Mapping[str, Any]) -> str:
         return f"transformers-{transformers_version()}-{arguments.fingerprint(options)}"
 
