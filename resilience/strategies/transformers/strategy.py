@@ -49,16 +49,18 @@ class TrainerCheckpoint(CheckpointStrategy):
     (train on the first N global batches, so that an epoch ends every N steps; default: the whole
     set of 512 examples), ``model: package.module:Class`` and ``model_config: {...}`` (your own
     ``PreTrainedModel`` class, built from ``Class.config_class(**model_config)``), and
-    ``training_arguments: {...}`` (any other ``TrainingArguments`` field; see ``arguments``).
+    ``training_arguments: {...}`` (any other ``TrainingArguments`` field; see ``arguments``),
+    ``earlier_run: N`` (before the first run, an earlier run of the job, its model drawn from the
+    next seed, trained N steps into the same output directory: a reused ``output_dir``).
     """
 
     drives_training = True
     options = ("save_total_limit", "gradient_accumulation_steps", "dataloader_num_workers", "seed", "data_seed",
                "ignore_data_skip", "save_only_model", "eval_steps", "load_best_model_at_end", "dropout",
-               "epoch_steps", "model", "model_config", "training_arguments")
+               "epoch_steps", "model", "model_config", "training_arguments", "earlier_run")
     option_values: ClassVar[Mapping[str, Any]] = {
         "save_total_limit": int, "gradient_accumulation_steps": int, "dataloader_num_workers": WORKERS,
-        "epoch_steps": int, "eval_steps": int, **{flag: (True, False) for flag in arguments.FLAGS}}
+        "epoch_steps": int, "eval_steps": int, "earlier_run": int, **{flag: (True, False) for flag in arguments.FLAGS}}
     requires = {"transformers": "pip install 'resilience[transformers]'"}
     capabilities = frozenset({Capability.CHOSEN_STEP})
 
@@ -109,15 +111,36 @@ class TrainerCheckpoint(CheckpointStrategy):
         training = arguments.training_arguments(
             options, str(context.checkpoint_dir), context.world_size, spec.global_batch, spec.seed, observer.steps,
             observer.checkpoint_every if observer.saves else None)
+        data = CountingSequences(spec.seed, examples)
+        if observer.start == "fresh" and observer.saves and options.get("earlier_run"):
+            self._earlier_run(int(options["earlier_run"]), observer, data)  # before the job's Trainer seeds
         collator = IndexCollator()
         held_out = CountingSequences(spec.seed, arguments.EVAL_EXAMPLES, held_out=True) \
             if options.get("eval_steps") else None
         trainer = Trainer(model=self.workload.model, args=training, data_collator=collator,
-                          train_dataset=CountingSequences(spec.seed, examples), eval_dataset=held_out,
+                          train_dataset=data, eval_dataset=held_out,
                           callbacks=[HarnessCallback(self.workload, observer, collator)])
         trainer.remove_callback(PrinterCallback)  # every step's log line on stdout otherwise
         self.workload.trainer = trainer
         trainer.train(resume_from_checkpoint=self._resume_from(observer))
+
+    def _earlier_run(self, steps: int, observer: TrainingObserver, data: Any) -> None:
+        """An earlier run of the same job (the model drawn from another seed) that trained ``steps``
+        steps into the same output directory, saving as the job does: the checkpoints a reused
+        ``output_dir`` holds when the first run starts. Run before it, unobserved."""
+        from transformers import Trainer
+        from transformers.trainer_callback import PrinterCallback
+
+        from .engine import IndexCollator, tiny_causal_lm
+
+        context, options, spec = self.context, self.context.options, self.workload.spec
+        seed = spec.seed + 1
+        training = arguments.training_arguments(options, str(context.checkpoint_dir), context.world_size,
+                                                spec.global_batch, seed, steps, observer.checkpoint_every)
+        model = arguments.causal_lm(options, seed, lambda dropout: tiny_causal_lm(seed, dropout))
+        earlier = Trainer(model=model, args=training, data_collator=IndexCollator(), train_dataset=data)
+        earlier.remove_callback(PrinterCallback)
+        earlier.train()
 
     def _resume_from(self, observer: TrainingObserver) -> str | bool | None:
         """``resume_from_checkpoint`` for the phase: nothing (a fresh start), ``True`` (the restart:
