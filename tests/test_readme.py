@@ -9,7 +9,7 @@ def test_readme_starts_with_the_main_job_and_the_test_command():
     commands = [line.strip() for line in head.splitlines() if line.startswith("    ")]
     assert len(commands) == 2
     main_job, tests = commands
-    assert "pip install torch==2.13.0" in main_job and main_job.endswith("pytest scenarios/")
+    assert "pip install torch==2.13.0" in main_job and main_job.endswith("pytest scenarios/ -n auto")
     assert "pip install torch==2.13.0" in tests and "pytest tests/" in tests
 
 

@@ -67,11 +67,12 @@ def after_restore_divergence(losses: Mapping[int, Mapping[int, float]], expected
 
 def intact_notes(intact_step: int | None) -> list[str]:
     """Availability inside LOUD: the restore refused, yet the step-``intact_step`` checkpoint
-    restored with the strategy's own load_step in fresh ranks and verified bitwise."""
+    restored alone by the strategy (its ``load_step``, or its library's resume from that one
+    checkpoint) in fresh ranks and verified bitwise."""
     if intact_step is None:
         return []
-    return [f"refused; step {intact_step} was intact and never tried (load_step({intact_step}) in fresh ranks "
-            f"restored it: state and every later loss equal to the reference bitwise)"]
+    return [f"refused; step {intact_step} was intact and never tried (restored alone by the strategy in "
+            f"fresh ranks: state and every later loss equal to the reference bitwise)"]
 
 
 def worst(silent: list[str], hung: str | None, first_error: RankError | None) -> VerdictKind:
