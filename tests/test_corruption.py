@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from resilience.core.case import VerdictKind
+from resilience.core.durable import write_atomically
 from resilience.disk.read_interception import InterceptedReader, ReadInterceptor
 from resilience.errors import ScenarioError
 from resilience.faults.base import CaseEnvironment, Fault
-from resilience.strategies.manifest import ManifestCheckpoint, write_atomically
+from resilience.strategies.manifest import ManifestCheckpoint
 
 from .harness_helpers import case_from, run_case
 

@@ -130,13 +130,6 @@ def incarnations_in(directory: Path) -> list[Incarnation]:
     return sorted(found)
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Readers (and other ranks writing the same content) see the old file or the new one, never half."""
-    staging = path.with_name(f".{path.name}.{os.getpid()}")
-    staging.write_text(text)
-    os.replace(staging, path)
-
-
 EARLY = -1  # the restart index of a group formed before every node of the first run joined
 
 

@@ -16,6 +16,7 @@ from ..core import janitor
 from ..core.case import Case
 from ..core.paths import PROJECT_ROOT, rank_temp_dir
 from ..core.plan import PhasePlan
+from ..core.processes import process_state
 from .interpreters import Interpreter, for_restart
 
 
@@ -61,11 +62,8 @@ class RankProcess(ABC):
 
 def is_stopped(pid: int) -> bool:
     """Whether process ``pid`` is stopped (SIGSTOP): it can neither run nor dump its stack."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
+    state = process_state(pid)
+    return state is not None and state[0] in ("T", "t")
 
 
 def start_all(count: int, start_one: Callable[[int], RankProcess]) -> list[RankProcess]:

@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from ..core.durable import write_atomically
 from ..core.elastic_layout import (
     EARLY,
     LAUNCH_ENV,
@@ -28,7 +29,6 @@ from ..core.elastic_layout import (
     Incarnation,
     TorchrunLayout,
     claim_incarnation,
-    write_atomically,
 )
 from ..core.events import EventLog
 from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan

@@ -17,6 +17,7 @@ from ..core import janitor
 from ..core.events import read_events
 from ..core.janitor import kill_group, signal_process
 from ..core.plan import PhasePlan
+from ..core.processes import process_state
 from ..core.records import PhaseResult
 from ..launch.backend import RankProcess, is_stopped
 from ..oracle.evidence import collect_phase, where_waiting
@@ -212,11 +213,10 @@ def descends_from(pid: int, ancestor: int) -> bool:
     while pid > 1:
         if pid == ancestor:
             return True
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
+        state = process_state(pid)
+        if state is None:
             return False
-        pid = int(stat.rpartition(")")[2].split()[1])  # the field after the state: the parent's pid
+        pid = state[1]
     return False
 
 

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from ..core.capabilities import Capability
 from ..workloads.base import Workload
 from .base import CheckpointStrategy, StrategyContext
-from .torch.targets import fsync_directory, target_of, write_atomically  # noqa: F401 (re-exported)
+from .torch.targets import target_of
 
 MANIFEST_DIR = "manifests"
 MANIFEST_NAME = re.compile(r"^step_(\d{8})\.json$")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.confined import resolve_under
+from ...core.processes import process_state
 from ...errors import HarnessError
 from ..base import CaseEnvironment
 from .damage import DamageAfterSave, file_identities
@@ -124,11 +125,8 @@ def _is_our_straggler(pid: int, case_dir: Path) -> bool:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"  # a zombie has exited; its new parent reaps it
+    state = process_state(pid)
+    return state is not None and state[0] != "Z"  # a zombie has exited; its new parent reaps it
 
 
 def main(argv: list[str]) -> int:

@@ -19,26 +19,9 @@ from typing import Any
 
 import torch
 
+from ...core.durable import fsync_directory, write_atomically
+
 CHUNK = 1 << 20
-
-
-def fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Temp file, fsync, rename, directory fsync: after a crash ``path`` is old or new, never torn."""
-    staging = path.with_name(f".{path.name}.tmp")
-    with open(staging, "w", encoding="utf-8") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(staging, path)
-    fsync_directory(path.parent)
 
 
 def stream_digest(file, durable: bool = False) -> tuple[int, str]:
