@@ -21,6 +21,15 @@ def skips_fail() -> bool:
     return os.environ.get("CI") == "true"
 
 
+def selection(case_id: str | None, deep: bool) -> Callable[[Case], bool]:
+    """Which cases `run`, `explore` and `repeat` take: the one named by ``case_id`` (whatever its
+    tier), or every case but those of the deep tier, which only ``deep`` adds (as ``pytest -m
+    deep`` and ``qualify --deep`` do)."""
+    if case_id:
+        return lambda case: case.id == case_id
+    return lambda case: deep or case.tier != "deep"
+
+
 def load_or_report(paths: Iterable[str], selected: Callable[[Case], bool] = lambda case: True
                    ) -> tuple[list[Case], int]:
     """The selected cases, and how many files could not be loaded (each error printed)."""

@@ -16,14 +16,15 @@ from ..run.explore import PROFILES
 from ..run.harness import Harness
 from ..run.reference_cache import ReferenceCache, default_cache_dir
 from .blackbox import add_blackbox_command, blackbox_main
-from .case_loop import load_or_report, run_and_report
+from .case_loop import load_or_report, run_and_report, selection
 from .torchrun import add_torchrun_command, torchrun_main
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """What `run` and `explore` both take: the files, the case, where and how ranks run."""
     parser.add_argument("paths", nargs="+")
-    parser.add_argument("--case", help="run only the case with this id (as printed in reports)")
+    parser.add_argument("--case", help="run only the case with this id (as printed in reports), whatever its tier")
+    parser.add_argument("--deep", action="store_true", help="also the cases of the deep tier (tier: deep)")
     _add_harness_arguments(parser)
 
 
@@ -112,7 +113,7 @@ def _main(argv: list[str] | None) -> int:
         return planted.main(args, harness)
     if args.command == "audit":
         return audit.main(args, harness)
-    only = (lambda case: case.id == args.case) if args.case else (lambda case: True)
+    only = selection(args.case, args.deep)
     if args.command == "repeat":
         cases, broken = load_or_report(args.paths, only)
         return 1 if broken else repeat.main(args, harness, repeat.select(cases, args.case, args.tier))
