@@ -201,7 +201,7 @@ def print_suite_ratio(cache_dir: Path) -> None:
     serial, cases = suite_seconds([], cache_dir)
     parallel, _ = suite_seconds(["-n", "2"], cache_dir)
     print(f"(d) shipped suite wall time, -n 2 / serial, warm reference cache: {parallel / serial:.2f} "
-          f"(goal <= 0.55; {serial / max(cases, 1):.2f} s per case serial, {parallel / max(cases, 1):.2f} "
+          f"(goal <= 0.6; {serial / max(cases, 1):.2f} s per case serial, {parallel / max(cases, 1):.2f} "
           f"with -n 2, {cases} cases)", flush=True)
 
 

@@ -164,6 +164,9 @@ def test_a_script_scenario_loads_its_cases_and_names_the_key_of_each_mistake(tmp
         load_any_file(write_script_scenario(tmp_path, script="missing.py"))
     with pytest.raises(ScenarioError, match=r"fault\.kind: not available on a user's script: it drives"):
         load_any_file(write_script_scenario(tmp_path, fault="{kind: node_loss, rank: 0, step: 2}"))
+    with pytest.raises(ScenarioError, match=r"fault\.point: fires between the micro-batches.*a script does not"):
+        load_any_file(write_script_scenario(tmp_path, fault="{kind: kill, rank: 0, step: 2, phase: train, "
+                                                           "point: micro_step}"))
     path = write_script_scenario(tmp_path)
     with pytest.raises(ScenarioError, match=r"script: a scenario on a user's own script runs under pytest"):
         load_file(path)

@@ -112,6 +112,23 @@ def test_bad_options_name_the_key_the_value_and_what_is_allowed(options, message
         case_from(strategy={**TRAINER, "options": options})
 
 
+def test_a_manifest_refuses_a_library_that_saves_inside_its_own_loop():
+    with pytest.raises(ScenarioError, match=r"strategy\.options\.inner.*own loop"):
+        case_from(strategy={"name": "manifest", "options": {"inner": "hf_trainer"}})
+
+
+@needs_transformers
+def test_training_arguments_override_the_strategys_defaults(tmp_path):
+    """``learning_rate`` has a default of the strategy's (1e-2); the user's value replaces it, so
+    the first loss after step 1 differs from the default run's, and the case still recovers."""
+    options = {"training_arguments": {"learning_rate": 0.05}}
+    result = run_case(tmp_path, strategy={**TRAINER, "options": options}, fault=KILL)
+    assert result.verdict.kind == VerdictKind.RECOVERED, result.verdict
+    default = run_case(tmp_path / "default", strategy=TRAINER, fault=KILL)
+    assert result.phase(REFERENCE).losses(0)[1] == default.phase(REFERENCE).losses(0)[1]  # before any update
+    assert result.phase(REFERENCE).losses(0)[3] != default.phase(REFERENCE).losses(0)[3]
+
+
 @needs_transformers
 def test_training_arguments_are_checked_against_the_fields_of_TrainingArguments():
     with pytest.raises(ScenarioError, match=r"training_arguments\.weight_decy.*not a TrainingArguments field"):

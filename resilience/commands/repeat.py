@@ -73,7 +73,7 @@ def summary(repetitions: list[Repetition], times: int) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--times", type=int, default=5, help="rounds over the selection (default 5)")
     parser.add_argument("--tier", choices=("smoke", "full"), default=None,
-                        help="only the cases of this tier (default: every case)")
+                        help="only the cases of this tier (default: every case but the deep tier, which --deep adds)")
     parser.add_argument("--json", type=Path, help="also write every observation to this file")
 
 

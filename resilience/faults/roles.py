@@ -134,10 +134,11 @@ class RankSide:
         """The rank's ``strategy.save`` for ``step`` returned (main thread, before the next step)."""
 
     def between_micro_steps(self, step: int) -> None:
-        """The rank finished the first micro-batch of ``step`` (forward and backward, gradients
-        accumulated, no optimizer step yet), before its next one: called, after ``at("train",
-        step)``, by a library's loop that accumulates (a strategy whose ``micro_steps`` is 2 or
-        more), in the rank's main thread."""
+        """The rank finished a micro-batch of ``step`` that is not the step's last (forward and
+        backward, gradients accumulated, no optimizer step yet), before the next one: called after
+        ``at("train", step)``, once per such micro-batch, by a library's loop that accumulates (a
+        strategy whose ``micro_steps`` is 2 or more), in the rank's main thread. A step whose
+        batch runs short (an epoch's leftover micro-batch) has none."""
 
     # -- trigger helpers ------------------------------------------------------------------------
     def on_trigger_rank(self) -> bool:

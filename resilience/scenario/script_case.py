@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..core import registry
-from ..core.case import FaultSpec, ScriptCase, ScriptSpec
+from ..core.case import MICRO_STEP, FaultSpec, ScriptCase, ScriptSpec
 from .checks import Problems, Validator
 from .matrix import expand_cases
 from .schema import MAX_WORLD_SIZE, TIERS
@@ -139,4 +139,8 @@ def _checked_fault(v: Validator, value: Any, world_size: int) -> FaultSpec:
     problem = v.plugin("fault", "fault.kind", kind).script_problem() if isinstance(kind, str) else None
     if problem:
         raise v.error("fault.kind", f"not available on a user's script: {problem}", kind, script_faults())
-    return check_fault(v, value, ScriptBounds(world_size))
+    fault = check_fault(v, value, ScriptBounds(world_size))
+    if fault.trigger is not None and fault.trigger.point == MICRO_STEP:
+        raise v.error("fault.point", "fires between the micro-batches of a step, which a script does not report",
+                      MICRO_STEP, "start")
+    return fault

@@ -225,5 +225,7 @@ class CheckpointStrategy(ABC):
     def load_step(self, workload: Workload, step: int) -> None:
         """(``CHOSEN_STEP``) Restore exactly the step-``step`` checkpoint into ``workload``, or
         raise. Collective: at restart every rank calls it once, in place of ``load`` (never both):
-        a wrapper that picks the checkpoint (manifest) or the harness's fallback probe."""
+        a wrapper that picks the checkpoint (manifest) or the harness's fallback probe. A
+        ``drives_training`` strategy gets the probe's step through ``train`` instead
+        (``observer.start == "step"``, ``observer.snapshot_step``) and never has this called."""
         raise NotImplementedError(f"{type(self).__name__} cannot load a chosen step")

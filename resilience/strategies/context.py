@@ -44,11 +44,12 @@ class TrainingObserver(ABC):
     The strategy's ``train`` calls it from the library's own extension points (a Lightning
     ``Callback``, a step wrapped by Accelerate's loop), on every rank, in this order:
       1. ``restored(workload)`` once, after the library restored its checkpoint (``start ==
-         "strategy"``), the trusted snapshot (``"snapshot"``) or nothing (``"fresh"``), before the
-         first step it trains;
+         "strategy"``), the trusted snapshot (``"snapshot"``), the one checkpoint of step
+         ``snapshot_step`` that the availability probe asks for (``"step"``, strategies offering
+         ``CHOSEN_STEP``) or nothing (``"fresh"``), before the first step it trains;
       2. per step: ``before_step(step)`` before its batch, then ``after_step(step, loss)`` once the
-         optimizer stepped (``loss``: the global loss, identical on every rank);
-         Where the library accumulates gradients (``micro_steps`` >= 2), ``between_micro_steps(step)``
+         optimizer stepped (``loss``: the global loss, identical on every rank); in between, where
+         the library accumulates gradients (``micro_steps`` >= 2), ``between_micro_steps(step)``
          after each micro-batch of the step but its last;
       3. at a checkpoint step (``step % checkpoint_every == 0``) of a phase that ``saves``:
          ``before_save(step)`` right before the library's save, ``after_save(step)`` once it returned.
@@ -56,11 +57,11 @@ class TrainingObserver(ABC):
     (the strategy then writes one with ``workload.save_reference_snapshot``).
     """
 
-    start: str  # "fresh", "strategy" (restore the library's checkpoint) or "snapshot"
+    start: str  # "fresh", "strategy" (restore the library's checkpoint), "snapshot" or "step" (the probe)
     saves: bool  # whether this phase checkpoints
     steps: int  # train until the library's step count reaches this
     checkpoint_every: int
-    snapshot_step: int | None  # start == "snapshot": the step of the trusted snapshot to start from
+    snapshot_step: int | None  # "snapshot": the trusted snapshot's step; "step": the checkpoint's step
 
     @abstractmethod
     def restored(self, workload: Workload) -> None: ...

@@ -76,6 +76,9 @@ class ManifestCheckpoint(CheckpointStrategy):
         problem = inner_cls.check_option_values(inner_options, "strategy.options.inner_options")
         if problem:
             return problem
+        if inner_cls.drives_training:
+            return ("strategy.options.inner", f"{inner_cls.__name__} saves and restores inside its library's own "
+                    "loop, which a manifest cannot wrap", inner, allowed)
         if Capability.CHOSEN_STEP not in inner_cls.capabilities_for(inner_options):
             return ("strategy.options.inner", f"{inner_cls.__name__} cannot load a chosen step (it needs "
                     "step_location and load_step)", inner, allowed)

@@ -7,6 +7,7 @@ through the ``training_arguments`` option, and their own ``PreTrainedModel`` cla
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -68,7 +69,7 @@ def _arguments_problem(arguments: Any) -> Problem | None:
                     "any other TrainingArguments field")
         if name in DIRECT_ARGUMENTS or name in ("seed",):
             return (f"{key}.{name}", "is an option of the strategy itself", name, f"strategy.options.{name}")
-    if arguments:
+    if arguments and importlib.util.find_spec("transformers") is not None:  # else: unavailable, said at run
         import dataclasses
 
         from transformers import TrainingArguments  # only where the option is used: a few seconds
@@ -100,14 +101,15 @@ def training_arguments(options: Mapping[str, Any], output_dir: str, world_size: 
         direct.pop("load_best_model_at_end", None)
     if "eval_steps" in options:
         direct["eval_strategy"] = "steps"
+    defaults = {"per_device_eval_batch_size": 4, "learning_rate": 1e-2}  # the user's training_arguments win
     return TrainingArguments(
         output_dir=output_dir, use_cpu=True, ddp_backend="gloo", report_to=[], max_steps=steps,
         save_strategy="steps" if save_every else "no", save_steps=save_every or 1,
         logging_strategy="steps", logging_steps=1, disable_tqdm=True,
         per_device_train_batch_size=global_batch // (world_size * accumulation),
-        per_device_eval_batch_size=4, seed=int(options.get("seed", seed)), learning_rate=1e-2,
+        seed=int(options.get("seed", seed)),
         remove_unused_columns=False,  # the items' indices reach the collator
-        **{**dict(options.get("training_arguments", {})), **direct})
+        **{**defaults, **dict(options.get("training_arguments", {})), **direct})
 
 
 def causal_lm(options: Mapping[str, Any], seed: int, default: Any) -> Any:
@@ -120,6 +122,11 @@ def causal_lm(options: Mapping[str, Any], seed: int, default: Any) -> Any:
     name = options.get("model")
     if name is None:
         return default(float(options.get("dropout", 0.0)))
-    module, _, attribute = name.partition(":")
-    model_class = getattr(importlib.import_module(module), attribute)
+    model_class = model_class_named(name)
     return model_class(model_class.config_class(**dict(options.get("model_config", {}))))
+
+
+def model_class_named(name: str) -> type:
+    """The class ``package.module:Class`` names (imported: its source keys the reference cache)."""
+    module, _, attribute = name.partition(":")
+    return getattr(importlib.import_module(module), attribute)

@@ -80,8 +80,9 @@ class TrainerCheckpoint(CheckpointStrategy):
     def trained_by(cls, options: Mapping[str, Any]) -> tuple[type, ...]:
         from . import engine as trainer_engine
 
+        user_model = (arguments.model_class_named(options["model"]),) if options.get("model") else ()
         return (cls, trainer_engine.TrainerTrainedWorkload, trainer_engine.HarnessCallback,
-                trainer_engine.CountingSequences, trainer_engine.IndexCollator)
+                trainer_engine.CountingSequences, trainer_engine.IndexCollator, *user_model)
 
     def prepare(self, workload: Workload) -> Workload:
         from .engine import TrainerTrainedWorkload, tiny_causal_lm
@@ -112,11 +113,11 @@ class TrainerCheckpoint(CheckpointStrategy):
             options, str(context.checkpoint_dir), context.world_size, spec.global_batch, spec.seed, observer.steps,
             observer.checkpoint_every if observer.saves else None)
         data = CountingSequences(spec.seed, examples)
-        if observer.start == "fresh" and observer.saves and options.get("earlier_run"):
-            self._earlier_run(int(options["earlier_run"]), observer, data)  # before the job's Trainer seeds
-        collator = IndexCollator()
         held_out = CountingSequences(spec.seed, arguments.EVAL_EXAMPLES, held_out=True) \
             if options.get("eval_steps") else None
+        if observer.start == "fresh" and observer.saves and options.get("earlier_run"):
+            self._earlier_run(int(options["earlier_run"]), observer, data, held_out)  # before the job's Trainer seeds
+        collator = IndexCollator()
         trainer = Trainer(model=self.workload.model, args=training, data_collator=collator,
                           train_dataset=data, eval_dataset=held_out,
                           callbacks=[HarnessCallback(self.workload, observer, collator)])
@@ -124,7 +125,7 @@ class TrainerCheckpoint(CheckpointStrategy):
         self.workload.trainer = trainer
         trainer.train(resume_from_checkpoint=self._resume_from(observer))
 
-    def _earlier_run(self, steps: int, observer: TrainingObserver, data: Any) -> None:
+    def _earlier_run(self, steps: int, observer: TrainingObserver, data: Any, held_out: Any) -> None:
         """An earlier run of the same job (the model drawn from another seed) that trained ``steps``
         steps into the same output directory, saving as the job does: the checkpoints a reused
         ``output_dir`` holds when the first run starts. Run before it, unobserved."""
@@ -138,7 +139,8 @@ class TrainerCheckpoint(CheckpointStrategy):
         training = arguments.training_arguments(options, str(context.checkpoint_dir), context.world_size,
                                                 spec.global_batch, seed, steps, observer.checkpoint_every)
         model = arguments.causal_lm(options, seed, lambda dropout: tiny_causal_lm(seed, dropout))
-        earlier = Trainer(model=model, args=training, data_collator=IndexCollator(), train_dataset=data)
+        earlier = Trainer(model=model, args=training, data_collator=IndexCollator(), train_dataset=data,
+                          eval_dataset=held_out)
         earlier.remove_callback(PrinterCallback)
         earlier.train()
 
