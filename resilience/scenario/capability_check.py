@@ -42,5 +42,4 @@ def micro_step_problem(strategy: StrategySpec, fault: FaultSpec) -> tuple[str, s
 def offering(needed: frozenset[Capability]) -> tuple[str, ...]:
     """The built-in strategies whose class offers everything in ``needed``. Resolving them imports
     their modules only: none imports its stack's libraries before a rank needs them."""
-    return tuple(name for name in registry.STRATEGIES if needed <= registry.resolve("strategy", name).capabilities
-                 and not (Capability.CHOSEN_STEP in needed and registry.resolve("strategy", name).drives_training))
+    return tuple(name for name in registry.STRATEGIES if needed <= registry.resolve("strategy", name).capabilities)

@@ -65,7 +65,8 @@ class ManifestCheckpoint(CheckpointStrategy):
         from ..scenario.capability_check import offering
 
         inner = options.get("inner")
-        allowed = [*offering(frozenset({Capability.CHOSEN_STEP})), "package.module:Class"]
+        allowed = [*(name for name in offering(frozenset({Capability.CHOSEN_STEP}))  # a library's own loop: no
+                     if not _inner_class(name).drives_training), "package.module:Class"]
         if not isinstance(inner, str) or not inner:
             return ("strategy.options.inner", "missing: the strategy the manifest wraps", inner, allowed)
         try:

@@ -67,7 +67,7 @@ def _arguments_problem(arguments: Any) -> Problem | None:
         if name in HARNESS_ARGUMENTS:
             return (f"{key}.{name}", "is set by the harness from the workload and the phase", name,
                     "any other TrainingArguments field")
-        if name in DIRECT_ARGUMENTS or name in ("seed",):
+        if name in (*DIRECT_ARGUMENTS, "seed"):
             return (f"{key}.{name}", "is an option of the strategy itself", name, f"strategy.options.{name}")
     if arguments and importlib.util.find_spec("transformers") is not None:  # else: unavailable, said at run
         import dataclasses
