@@ -667,14 +667,15 @@ def test_restart_to_another_world_size_uses_identity():
 
 def test_explicit_values():
     doc = variant({"tier": "smoke", "timeouts": {"collective": 5, "phase": 7.5},
-                   "workload.size": "1 MiB", "workload.global_batch": 8, "workload.options": {"depth": [1, 2]},
+                   "workload.size": "1 MiB", "workload.global_batch": 8,
+                   "workload.options": {"ema": 0.5, "accumulation": 2},
                    "expect": {"outcome": "fails_loudly", "error": "No space", "fallback_ok": True},
                    "known_issue": {"reason": "r", "link": "https://x", "verdict": "SILENT"}})
     case = load(doc).cases[0]
     assert case.tier == "smoke"
     assert (case.timeouts.collective_s, case.timeouts.phase_s) == (5.0, 7.5)
     assert (case.workload.size_bytes, case.workload.global_batch) == (1 << 20, 8)
-    assert case.workload.options == {"depth": [1, 2]}
+    assert case.workload.options == {"ema": 0.5, "accumulation": 2}
     assert (case.expect.error, case.expect.fallback_ok, case.expect.verdict) == ("No space", True, VerdictKind.LOUD)
     assert case.known_issue.verdict is VerdictKind.SILENT
     assert json_round_trip(case) == case

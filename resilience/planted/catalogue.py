@@ -18,8 +18,13 @@ from ..core.case import VerdictKind
 # where the planted strategies live (`package.module:` prefixes of their names)
 TWIN, STATE_BUG, STORAGE_BUG, ASYNC_BUG = ("resilience.planted.durable:", "resilience.planted.state_bugs:",
                                            "resilience.planted.storage_bugs:", "resilience.planted.async_bugs:")
+WORKLOAD_BUG = "resilience.planted.workload_bugs:"
 RECOVERED, LOUD = VerdictKind.RECOVERED, VerdictKind.LOUD
 TWO_RANKS = {"model": "mlp", "world_size": 2, "steps": 12, "checkpoint_every": 4, "seed": 0}
+# the state of a real job: dropout on per-rank streams, an EMA, two micro-batches a step, a DataLoader
+# with two prefetching workers and 5-step epochs (a restore of step 8 resumes in the middle of epoch 1)
+FULL_STATE = {"dropout": 0.1, "ema": 0.9, "accumulation": 2, "data": "loader", "num_workers": 2,
+              "persistent_workers": True, "epoch_steps": 5}
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,13 @@ CATCHERS: tuple[Catcher, ...] = (
             "streams: the restart must resume from step 8 with every rank's own state",
             {"workload": {**TWO_RANKS, "rank_rng": "distinct"},
              "fault": {"kind": "kill", "rank": 1, "step": 10, "phase": "train"},
+             "timeouts": {"phase": 60}},
+            frozenset({RECOVERED})),
+    Catcher("full_state_kill", "rank 1 SIGKILLed between the two micro-batches of step 10 (checkpoints at 4 "
+            "and 8) of a job with dropout on per-rank streams, an EMA of the weights and a DataLoader with two "
+            "workers: the restart resumes mid-epoch and must restore all of it",
+            {"workload": {**TWO_RANKS, "rank_rng": "distinct", "options": FULL_STATE},
+             "fault": {"kind": "kill", "rank": 1, "step": 10, "phase": "train", "point": "micro_step"},
              "timeouts": {"phase": 60}},
             frozenset({RECOVERED})),
     Catcher("two_nodes", "4 ranks on 2 nodes (shared storage), per-rank RNG streams, rank 1 killed at "
@@ -163,6 +175,14 @@ BUGS: tuple[PlantedBug, ...] = (
                STATE_BUG + "LoadsOldest", "kill_in_training", PER_RANK),
     PlantedBug("save_consumes_randomness", "a save that draws from the training RNG",
                STATE_BUG + "SaveConsumesRandomness", "kill_in_training", PER_RANK),
+    PlantedBug("ema_saved_as_weights", "the live weights saved where the EMA belongs",
+               WORKLOAD_BUG + "EmaSavedAsWeights", "full_state_kill", PER_RANK),
+    PlantedBug("sampler_epoch_not_restored", "set_epoch not called on resume: the epoch replays epoch 0's shuffle",
+               WORKLOAD_BUG + "ReshufflesFromEpochZero", "full_state_kill", PER_RANK),
+    PlantedBug("prefetched_counted_as_trained", "the loader position counted from what the workers prefetched",
+               WORKLOAD_BUG + "CountsPrefetchedBatches", "full_state_kill", PER_RANK),
+    PlantedBug("accumulation_not_counted", "a mid-epoch resume that skips one batch per step, not per micro-batch",
+               WORKLOAD_BUG + "SkipsStepsNotMicroBatches", "full_state_kill", PER_RANK),
     PlantedBug("loads_by_local_rank", "shards loaded by local rank instead of global rank",
                STATE_BUG + "LoadsByLocalRank", "two_nodes", PER_RANK),
     PlantedBug("reshard_zero_fill", "resharding that zero-fills part of a tensor",

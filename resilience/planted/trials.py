@@ -16,7 +16,17 @@ from ..core.case import VerdictKind
 from ..errors import ResilienceError, ScenarioError, Unavailable
 from ..run.harness import Harness
 from ..scenario.loader import load_document
-from .catalogue import ASYNC_BUG, CATCHERS, STATE_BUG, STORAGE_BUG, TWIN, Catcher, PlantedBug, catcher
+from .catalogue import (
+    ASYNC_BUG,
+    CATCHERS,
+    STATE_BUG,
+    STORAGE_BUG,
+    TWIN,
+    WORKLOAD_BUG,
+    Catcher,
+    PlantedBug,
+    catcher,
+)
 
 SOURCE = "resilience/planted/catalogue.py"
 CAUGHT, ACCEPTED, NOT_APPLICABLE, ERROR = "caught", "accepted", "not applicable", "error"
@@ -72,7 +82,8 @@ def _strategy_label(strategy: Any) -> str:
         options = ", ".join(f"{k}: {v}" for k, v in strategy.get("options", {}).items())
         return f"{strategy['name']} {{{options}}}" if options else strategy["name"]
     label = str(strategy)
-    for module in (TWIN, STATE_BUG, STORAGE_BUG, ASYNC_BUG):  # a planted strategy is named by its class alone
+    # a planted strategy is named by its class alone
+    for module in (TWIN, STATE_BUG, STORAGE_BUG, ASYNC_BUG, WORKLOAD_BUG):
         label = label.removeprefix(module)
     return label
 

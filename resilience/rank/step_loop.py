@@ -79,6 +79,8 @@ def train_with_harness_loop(workload: Workload, strategy: CheckpointStrategy, ob
     from ..core.preemption import EMERGENCY_PHASE
 
     clock = observer.clock
+    trained = workload.inner if workload.inner is not None else workload
+    trained.micro_step_listener = observer.between_micro_steps
 
     def emergency_save() -> None:
         clock.phase = EMERGENCY_PHASE

@@ -114,6 +114,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
         observer.restored(workload)
         emergency = EmergencySave(events.emit) if plan.save and wanted_by(strategy) else None
         train_with_harness_loop(workload, strategy, observer, emergency)
+    workload.close()
     dist.barrier()
     events.emit("done", step=workload.step, peak_rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     if owns_group:

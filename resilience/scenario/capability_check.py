@@ -7,7 +7,7 @@ from functools import lru_cache
 
 from ..core import registry
 from ..core.capabilities import Capability
-from ..core.case import MICRO_STEP, FaultSpec, StrategySpec
+from ..core.case import MICRO_STEP, FaultSpec, StrategySpec, WorkloadSpec
 
 
 def capability_problem(strategy: StrategySpec, fault_kind: str) -> tuple[str, str, str, object] | None:
@@ -26,16 +26,31 @@ def capability_problem(strategy: StrategySpec, fault_kind: str) -> tuple[str, st
             offering(frozenset(missing)) or "a plug-in strategy that declares it (package.module:Class)")
 
 
-def micro_step_problem(strategy: StrategySpec, fault: FaultSpec) -> tuple[str, str, str, object] | None:
-    """A fault at point ``micro_step`` needs a strategy whose loop accumulates micro-batches and
-    says so between them (`CheckpointStrategy.micro_steps`); elsewhere it would never fire."""
+def micro_step_problem(strategy: StrategySpec, fault: FaultSpec,
+                       workload: WorkloadSpec) -> tuple[str, str, str, object] | None:
+    """A fault at point ``micro_step`` needs a loop that accumulates micro-batches and says so
+    between them: the strategy's own (`CheckpointStrategy.micro_steps`) or the workload's
+    (``workload.options.accumulation``); elsewhere it would never fire."""
     if fault.trigger is None or fault.trigger.point != MICRO_STEP:
         return None
     if registry.resolve("strategy", strategy.name).micro_steps(strategy.options) >= 2:
         return None
+    if int(workload.options.get("accumulation", 1)) >= 2:  # a strategy that cannot train it was refused
+        return None
     return ("fault.point", f"fires between the micro-batches of a step, and strategy {strategy.name} so configured "
-            "trains one micro-batch a step", MICRO_STEP, "a strategy that accumulates: hf_trainer with "
+            "trains one micro-batch a step", MICRO_STEP, "workload.options.accumulation >= 2, hf_trainer with "
             "gradient_accumulation_steps >= 2, or point start")
+
+
+def workload_option_problem(strategy: StrategySpec, workload: WorkloadSpec) -> tuple[str, str, str, object] | None:
+    """A workload option the strategy, so configured, does not train with or save
+    (`CheckpointStrategy.workload_options`): refused by name rather than ignored."""
+    carried = registry.resolve("strategy", strategy.name).workload_options(strategy.options)
+    extra = [key for key in workload.options if carried is not None and key not in carried]
+    if not extra:
+        return None
+    return (f"workload.options.{extra[0]}", f"strategy {strategy.name}{' so configured' if strategy.options else ''} "
+            "does not train with this option", extra[0], ", ".join(sorted(carried)) or "no workload options")
 
 
 @lru_cache(maxsize=None)

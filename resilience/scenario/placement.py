@@ -57,6 +57,10 @@ def check_restart(v: Validator, value: Any, workload: WorkloadSpec, topology: To
     if workload.global_batch % world_size and not registry.resolve("workload", workload.model).model_parallel:
         raise v.error("restart.world_size", f"must divide workload.global_batch ({workload.global_batch})",
                       world_size, [w for w in range(1, MAX_WORLD_SIZE + 1) if workload.global_batch % w == 0])
+    problem = registry.resolve("workload", workload.model).check_options(workload.options, world_size,
+                                                                        workload.global_batch)
+    if problem:
+        raise v.error("restart.world_size", f"{problem[1]} at the restart", world_size, "a world size that splits it")
     mapping = _rank_map(v, doc.get("rank_map", "identity"), world_size, workload)
     python, packages = doc.get("python"), doc.get("packages", [])
     if python is not None and (not isinstance(python, str) or not python.strip() or "\0" in python):

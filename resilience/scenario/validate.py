@@ -23,7 +23,7 @@ from ..core.case import (
     WorkloadSpec,
 )
 from ..disk.trace_targets import POINTER, WRITTEN_BY, is_selector, parse_target
-from .capability_check import capability_problem, micro_step_problem
+from .capability_check import capability_problem, micro_step_problem, workload_option_problem
 from .checks import Problems, Validator, parse_size
 from .placement import check_restart, check_topology
 from .schema import (
@@ -67,8 +67,12 @@ def check_case(document: Any, source: str, case_id: str = "", where: str = "",
         if v.ok("topology"):
             restart = v.section("restart", check_restart, v, doc.get("restart", {}), workload, topology)
     if strategy is not None and fault is not None:
-        problem = capability_problem(strategy, fault.kind) or micro_step_problem(strategy, fault) \
+        problem = capability_problem(strategy, fault.kind) or micro_step_problem(strategy, fault, workload) \
             or registry.resolve("fault", fault.kind).check_strategy(registry.resolve("strategy", strategy.name))
+        if problem:
+            v.note(v.error(*problem))
+    if strategy is not None and v.ok("workload"):
+        problem = workload_option_problem(strategy, workload)
         if problem:
             v.note(v.error(*problem))
     object_store = None
@@ -154,6 +158,9 @@ def check_workload(v: Validator, value: Any) -> WorkloadSpec:
     options = doc.get("options", {})
     options = v.plain("workload.options", v.mapping(
         "workload.options", options, tuple(options) if isinstance(options, dict) else ()))
+    problem = registry.resolve("workload", model).check_options(options, world_size, global_batch)
+    if problem:
+        raise v.error(*problem)
     return WorkloadSpec(model=model, world_size=world_size, steps=steps, checkpoint_every=every, seed=seed,
                         global_batch=global_batch, size_bytes=size, rank_rng=rank_rng, options=options)
 

@@ -187,6 +187,15 @@ class CheckpointStrategy(ABC):
         return 1
 
     @classmethod
+    def workload_options(cls, options: Mapping[str, Any]) -> frozenset[str] | None:
+        """The ``workload.options`` this strategy, configured with ``options``, trains with and
+        saves: None, every one (the harness's loop trains the workload, and the strategy saves its
+        whole ``state_dict``). A library that trains its own model (``drives_training``) takes none;
+        an engine that wraps the workload names those its loop supports. Called in the harness by
+        the scenario validator, which refuses the others by name."""
+        return frozenset() if cls.drives_training else None
+
+    @classmethod
     def trainer(cls, options: Mapping[str, Any]) -> str:
         """Who computes the training steps: "" when the workload trains itself, otherwise a name
         for the engine that wraps it (its reference runs are cached apart). Called in the harness,

@@ -111,6 +111,10 @@ class ManifestCheckpoint(CheckpointStrategy):
         return _inner_class(options["inner"]).trained_by(options.get("inner_options", {}))
 
     @classmethod
+    def workload_options(cls, options: Mapping[str, Any]) -> frozenset[str] | None:
+        return _inner_class(options["inner"]).workload_options(options.get("inner_options", {}))
+
+    @classmethod
     def missing_for(cls, options: Mapping[str, Any]) -> str | None:
         return _inner_class(options["inner"]).missing_for(options.get("inner_options", {}))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -28,6 +29,7 @@ class Workload(ABC):
          ``spec.steps``; it advances ``step`` by one.
       5. at a checkpoint step: ``save_reference_snapshot`` on every rank (the reference run), then
          ``state_dict`` through the strategy's ``save`` (every rank).
+      6. ``close()`` once, after the last step of the phase.
     ``state_dict``, ``load_state_dict`` and ``fingerprint`` may be called between steps; a
     model-parallel workload's are collective. ``topology_problem`` is called in the harness (the
     scenario loader), before any rank exists; ``rank_local_state`` by one rank alone.
@@ -47,6 +49,19 @@ class Workload(ABC):
     #: FSDP2, Accelerate), set by the wrapper's ``__init__``; None: no wrapper. Read on its rank
     #: by ``consumed_samples`` and by the strategy that made the wrapper
     inner: Workload | None = None
+    #: called between the micro-batches of one step with the step's number, by a workload that
+    #: accumulates; set on every rank by the training loop before the first step (None: nobody listens)
+    micro_step_listener: Callable[[int], None] | None = None
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any], world_size: int,
+                      global_batch: int) -> tuple[str, str, Any, Any] | None:
+        """``workload.options`` of a scenario: None, or (key, problem, value, allowed). Called in the
+        harness (the scenario loader). A workload that takes options overrides it; this one takes none."""
+        if not options:
+            return None
+        key = next(iter(options))
+        return (f"workload.options.{key}", f"workload {cls.__name__} takes no options", key, "no options")
 
     @classmethod
     def topology_problem(cls, spec: WorkloadSpec, tp: int, pp: int) -> str | None:
@@ -74,6 +89,12 @@ class Workload(ABC):
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict`` returned; raises on a missing key."""
+
+    def close(self) -> None:
+        """Stop what the workload runs beside training (a DataLoader's worker processes). Called on
+        every rank once its phase trained its last step; a wrapper closes its inner workload."""
+        if self.inner is not None:
+            self.inner.close()
 
     def consumed_samples(self) -> list[int] | None:
         """The dataset indices this rank trained in its last step (the data audit); a wrapper that
@@ -134,6 +155,11 @@ class TrainableWorkload(Workload):
     @abstractmethod
     def next_local_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's (inputs, targets) for the next step; advances the data position and rng."""
+
+    def micro_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This step's micro-batches, (inputs, targets) each, for a loop that accumulates their
+        gradients into one optimizer step; by default one, ``next_local_batch()``."""
+        yield self.next_local_batch()
 
     @abstractmethod
     def local_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """The training data of the built-in workloads: a fixed synthetic dataset and the sampler whose
-position a checkpoint must carry."""
+position a checkpoint must carry (the `mlp` workload's ``data: loader`` is in `.loader`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -34,6 +34,36 @@ class ShuffledSampler:
     def load(self, state: dict[str, Any]) -> None:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._permutation = self._epoch_permutation(self.epoch)
+
+
+class SamplerData:
+    """This rank's micro-batches from the global batches of a `ShuffledSampler`: micro-batch k of a
+    step is the k-th slice of the global batch, and rank r holds a contiguous run of its rows."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, seed: int, rank: int, world_size: int,
+                 micro_batch: int, global_batch: int):
+        self.inputs, self.targets = inputs, targets
+        self.sampler = ShuffledSampler(seed, len(inputs), global_batch)
+        self.micro_batch, self.global_micro = micro_batch, micro_batch * world_size
+        self.rows = torch.arange(micro_batch) + rank * micro_batch
+        self._pending: list[torch.Tensor] = []
+
+    def next_micro_batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(indices, inputs, targets, rows) of this rank's next micro-batch."""
+        if not self._pending:  # the step's first micro-batch: the sampler moves one global batch on
+            self._pending = list(self.sampler.next_indices().split(self.global_micro))
+        indices = self._pending.pop(0)[self.rows]
+        return indices, self.inputs[indices], self.targets[indices], self.rows
+
+    def state(self) -> dict[str, int]:
+        return self.sampler.state()
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.sampler.load(state)
+        self._pending = []
+
+    def close(self) -> None:
+        """Nothing runs beside the sampler."""
 
 
 def synthetic_dataset(seed: int, size: int, input_dim: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,6 +9,7 @@ its oracle on the restart's own topology instead of using a tolerance.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -18,18 +19,23 @@ from ..core.case import WorkloadSpec
 from ..core.device import rank_device
 from ..core.topology import Topology
 from .base import TrainableWorkload
-from .data import ShuffledSampler, synthetic_dataset
+from .data import SamplerData, synthetic_dataset
+from .extra_state import RowDropout, WeightAverage
+from .loader import LoaderData
+from .options import TrainingExtras, batch_problem, option_problem
 
 
 class MLPWorkload(TrainableWorkload):
     """A tanh MLP regressing a fixed synthetic dataset with Adam and a warm-up/decay LR schedule.
 
     Checkpointed state: ``step``, ``model``, ``optimizer`` (Adam moments), ``scheduler``, ``data``
-    (epoch and position of the shuffled sampler) and ``rng`` (this rank's input-noise generator).
-    With ``rank_rng: same`` every rank draws the noise of the whole global batch from an identical
-    stream and keeps its slice (so the trajectory is independent of the split); with ``distinct``
-    each rank has its own stream, as real per-rank dropout does, and a restore that hands every rank
-    rank 0's stream changes the losses.
+    (the position of the shuffled sampler or of the DataLoader) and ``rng`` (this rank's input-noise
+    generator); with the options (`TrainingExtras`) also ``torch_rng`` (the process's torch RNG,
+    which dropout consumes) and ``ema`` (the weights' moving average).
+    With ``rank_rng: same`` every rank draws the noise (and dropout masks) of the whole global batch
+    from an identical stream and keeps its rows (so the trajectory is independent of the split);
+    with ``distinct`` each rank has its own streams, as real per-rank dropout does, and a restore
+    that hands every rank rank 0's streams changes the losses.
     """
 
     input_dim = 32
@@ -37,47 +43,80 @@ class MLPWorkload(TrainableWorkload):
     noise_scale = 0.05
     evaluation_examples = 64
     base_lr = 1e-3
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any], world_size: int,
+                      global_batch: int) -> tuple[str, str, Any, Any] | None:
+        """``workload.options`` (`TrainingExtras`): None, or (key, problem, value, allowed)."""
+        return option_problem(options, world_size, global_batch)
 
     def __init__(self, spec: WorkloadSpec, rank: int, world_size: int, topology: Topology | None = None):
         super().__init__(spec, rank, world_size, topology)
-        if spec.global_batch % world_size:
-            raise ValueError(f"global batch {spec.global_batch} is not divisible by world size {world_size}")
+        self.extras = extras = TrainingExtras.parse(spec.options)
+        problem = batch_problem(spec.options, world_size, spec.global_batch)
+        if problem:
+            raise ValueError(problem)
         self.local_batch = spec.global_batch // world_size
+        self.micro_batch = self.local_batch // extras.accumulation
         hidden = hidden_width(spec.size_bytes, self.input_dim)
         self.device = torch.device(rank_device())  # cuda:LOCAL_RANK under NCCL, else the CPU
         torch.manual_seed(spec.seed)
-        self.model = torch.nn.Sequential(
-            torch.nn.Linear(self.input_dim, hidden), torch.nn.Tanh(),
-            torch.nn.Linear(hidden, hidden), torch.nn.Tanh(),
-            torch.nn.Linear(hidden, 1)).to(self.device)  # built on the CPU: the same initial bits
+        distinct = spec.rank_rng == "distinct"
+        self.dropouts = [RowDropout(extras.dropout, distinct) for _ in range(2)] if extras.dropout else []
+        layers = [torch.nn.Linear(self.input_dim, hidden), torch.nn.Tanh(), *self.dropouts[:1],
+                  torch.nn.Linear(hidden, hidden), torch.nn.Tanh(), *self.dropouts[1:], torch.nn.Linear(hidden, 1)]
+        self.model = torch.nn.Sequential(*layers).to(self.device)  # built on the CPU: the same initial bits
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.base_lr, foreach=False)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor)
-        inputs, targets = synthetic_dataset(spec.seed, self.dataset_size, self.input_dim)
+        self.average = WeightAverage(self.model, extras.ema) if extras.ema is not None else None
+        size = spec.global_batch * extras.epoch_steps if extras.data == "loader" else self.dataset_size
+        inputs, targets = synthetic_dataset(spec.seed, size, self.input_dim)
         self.inputs, self.targets = inputs.to(self.device), targets.to(self.device)
-        stream_seed = spec.seed + 2 + (rank + 1) * 7919 if spec.rank_rng == "distinct" else spec.seed + 2
+        self.data = LoaderData(inputs, targets, spec.seed, rank, world_size, self.micro_batch, extras.num_workers,
+                               extras.persistent_workers) if extras.data == "loader" else \
+            SamplerData(inputs, targets, spec.seed, rank, world_size, self.micro_batch, spec.global_batch)
+        stream_seed = spec.seed + 2 + (rank + 1) * 7919 if distinct else spec.seed + 2
         self.rng = torch.Generator().manual_seed(stream_seed)
+        if extras.dropout:  # the stream dropout draws from: the process's own, as nn.Dropout's
+            torch.manual_seed(stream_seed + 1)
         # with one stream shared by all ranks, the stream is replicated state like the model
-        self.rank_local_keys = ("rng",) if spec.rank_rng == "distinct" else ()
+        self.rank_local_keys = (("rng", "torch_rng") if extras.dropout else ("rng",)) if distinct else ()
         self._step = 0
-        self.sampler = ShuffledSampler(spec.seed, self.dataset_size, spec.global_batch)
 
     @property
     def step(self) -> int:
         return self._step
 
-    def next_local_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's slice of the next global batch, (inputs, targets); advances data and noise."""
-        indices = self.sampler.next_indices()
-        start = self.rank * self.local_batch
-        local = indices[start:start + self.local_batch]
-        self.last_samples = local.tolist()  # the rows gathered below: what this step trains on
+    def next_micro_batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(indices, inputs, targets) of this rank's next micro-batch; advances data, noise and
+        the rows the dropout masks are drawn for."""
+        indices, inputs, targets, rows = self.data.next_micro_batch()
+        global_rows = self.micro_batch * self.world_size
         if self.spec.rank_rng == "same":
-            noise = torch.randn(self.spec.global_batch, self.input_dim, generator=self.rng)
-            noise = noise[start:start + self.local_batch]
+            noise = torch.randn(global_rows, self.input_dim, generator=self.rng)[rows]
         else:
-            noise = torch.randn(self.local_batch, self.input_dim, generator=self.rng)
-        local = local.to(self.device)  # the data order and the noise stream stay on the CPU
-        return self.inputs[local] + self.noise_scale * noise.to(self.device), self.targets[local]
+            noise = torch.randn(self.micro_batch, self.input_dim, generator=self.rng)
+        for dropout in self.dropouts:
+            dropout.rows, dropout.global_rows = rows, global_rows
+        inputs = inputs.to(self.device) + self.noise_scale * noise.to(self.device)
+        return indices, inputs, targets.to(self.device)
+
+    def micro_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This step's micro-batches, (inputs, targets) each; tells ``micro_step_listener`` between
+        them, and records the step's samples once all were drawn."""
+        samples: list[int] = []
+        for index in range(self.extras.accumulation):
+            if index and self.micro_step_listener is not None:
+                self.micro_step_listener(self._step + 1)
+            indices, inputs, targets = self.next_micro_batch()
+            samples += indices.tolist()  # the rows gathered: what this step trains on
+            yield inputs, targets
+        self.last_samples = samples
+
+    def next_local_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's whole batch of the next step, (inputs, targets), for an engine that takes
+        one batch a step (``accumulation`` 1)."""
+        (batch,) = list(self.micro_batches())
+        return batch
 
     def local_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean squared error over this rank's examples (an engine averages it over ranks)."""
@@ -87,18 +126,22 @@ class MLPWorkload(TrainableWorkload):
         return self.inputs, self.targets
 
     def count_step(self) -> None:
-        """An engine that drives this workload finished one step."""
+        """An optimizer step finished (this workload's own, or an engine's that drives it)."""
+        if self.average is not None:
+            self.average.update(self.model)
         self._step += 1
 
     def train_step(self) -> float:
-        inputs, targets = self.next_local_batch()
         self.optimizer.zero_grad(set_to_none=False)
-        local_loss = ((self.model(inputs) - targets) ** 2).sum() / self.spec.global_batch
-        local_loss.backward()
-        loss = sum_gradients(self.model.parameters(), local_loss.detach().reshape(1))
+        total = None
+        for inputs, targets in self.micro_batches():  # gradients accumulate, one reduction a step
+            local_loss = ((self.model(inputs) - targets) ** 2).sum() / self.spec.global_batch
+            local_loss.backward()
+            total = local_loss.detach().reshape(1) if total is None else total + local_loss.detach()
+        loss = sum_gradients(self.model.parameters(), total)
         self.optimizer.step()
         self.scheduler.step()
-        self._step += 1
+        self.count_step()
         return float(loss)
 
     def evaluation_loss(self, parameters: dict[str, torch.Tensor] | None = None) -> float:
@@ -107,7 +150,7 @@ class MLPWorkload(TrainableWorkload):
         collective, so a strategy can record it at save time and a check after loading can recompute
         it (bitwise equal if the model was restored). ``parameters``: use these (by name) instead of
         the model's own, for an engine that keeps the model partitioned."""
-        count = self.evaluation_examples
+        count = min(self.evaluation_examples, len(self.inputs))
         if parameters is None:
             parameters = dict(self.model.named_parameters())
         with torch.no_grad():  # by hand, not through the module: an engine may have hooked it
@@ -129,8 +172,15 @@ class MLPWorkload(TrainableWorkload):
         }
 
     def progress_state(self) -> dict[str, Any]:
-        return {"step": self._step, "data": self.sampler.state(),
-                "rng": self.rng.get_state()}
+        state = {"step": self._step, "data": self.data.state(), "rng": self.rng.get_state()}
+        if self.dropouts:
+            state["torch_rng"] = torch.get_rng_state()
+        if self.average is not None:
+            state["ema"] = self.average.state()
+        return state
+
+    def close(self) -> None:
+        self.data.close()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -139,8 +189,12 @@ class MLPWorkload(TrainableWorkload):
         self.load_progress_state(state)
 
     def load_progress_state(self, state: dict[str, Any]) -> None:
-        self.sampler.load(state["data"])
+        self.data.load(state["data"])
         self.rng.set_state(state["rng"])
+        if self.dropouts:
+            torch.set_rng_state(state["torch_rng"])
+        if self.average is not None:
+            self.average.load(state["ema"])
         self._step = int(state["step"])
 
 

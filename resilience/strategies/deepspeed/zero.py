@@ -92,6 +92,13 @@ class ZeroCheckpoint(CheckpointStrategy):
         return f"deepspeed-{deepspeed_version()}-zero{cls.stage}"
 
     @classmethod
+    def workload_options(cls, options: Mapping[str, Any]) -> frozenset[str] | None:
+        """The engine takes one batch a step (no ``accumulation``); ZeRO-3 keeps each parameter
+        partitioned in the module, so the weights' average (``ema``) cannot read them whole."""
+        carried = {"dropout", "data", "num_workers", "persistent_workers", "epoch_steps", "ema"}
+        return frozenset(carried - {"ema"} if cls.stage == 3 else carried)
+
+    @classmethod
     def trained_by(cls, options: Mapping[str, Any]) -> tuple[type, ...]:
         """This class and the engine's workload: the training step lives beside it."""
         return (cls, ZeroTrainedWorkload)

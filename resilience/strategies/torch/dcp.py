@@ -109,14 +109,15 @@ class FsdpTrainedWorkload(Workload):
         return self.inner.step
 
     def train_step(self) -> float:
-        inputs, targets = self.inner.next_local_batch()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = ((self.model(inputs) - targets) ** 2).sum() / self.spec.global_batch
-        loss.backward()  # FSDP2 reduce-scatters the gradient sum into each rank's shard
+        total = None
+        for inputs, targets in self.inner.micro_batches():
+            loss = ((self.model(inputs) - targets) ** 2).sum() / self.spec.global_batch
+            loss.backward()  # FSDP2 reduce-scatters the gradient sum into each rank's shard
+            total = loss.detach().reshape(1) if total is None else total + loss.detach()
         self.optimizer.step()
         self.scheduler.step()
         self.inner.count_step()
-        total = loss.detach().clone().reshape(1)
         dist.all_reduce(total)
         return float(total[0])
 

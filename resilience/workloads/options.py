@@ -1,0 +1,102 @@
+"""The options of the built-in `mlp` workload (``workload.options``): the state real jobs carry that a
+bare model and optimizer lack, each off by default so that a case without options trains as before.
+
+    dropout: 0.1            # dropout after each hidden layer, drawn from the process's torch RNG
+    ema: 0.9                # an exponential moving average of the weights, kept in the state
+    accumulation: 2         # micro-batches per optimizer step (a fault may fire between them)
+    data: loader            # a torch DataLoader with a DistributedSampler (default: sampler)
+    num_workers: 2          # loader worker processes (data: loader)
+    persistent_workers: true
+    epoch_steps: 5          # steps per epoch of the loader's dataset (data: loader)
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+OPTIONS_KEY = "workload.options"
+DATA_SOURCES = ("sampler", "loader")
+LOADER_ONLY = ("num_workers", "persistent_workers", "epoch_steps")
+
+
+@dataclass(frozen=True)
+class TrainingExtras:
+    """The parsed ``workload.options`` of an `mlp` workload."""
+
+    dropout: float = 0.0
+    ema: float | None = None  # the decay; None: no average kept
+    accumulation: int = 1
+    data: str = "sampler"
+    num_workers: int = 0
+    persistent_workers: bool = False
+    epoch_steps: int = 5
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> TrainingExtras:
+        """The extras of validated options (`option_problem` found nothing)."""
+        ema = options.get("ema")
+        return cls(dropout=float(options.get("dropout", 0.0)), ema=None if ema is None else float(ema),
+                   accumulation=int(options.get("accumulation", 1)), data=str(options.get("data", "sampler")),
+                   num_workers=int(options.get("num_workers", 0)),
+                   persistent_workers=bool(options.get("persistent_workers", False)),
+                   epoch_steps=int(options.get("epoch_steps", 5)))
+
+
+def option_problem(options: Mapping[str, Any], world_size: int,
+                   global_batch: int) -> tuple[str, str, Any, Any] | None:
+    """None, or ``(key, problem, value, allowed)`` for the first bad option."""
+    for key, value in options.items():
+        problem = _value_problem(key, value)
+        if problem:
+            return (f"{OPTIONS_KEY}.{key}", *problem)
+    if options.get("data", "sampler") != "loader":
+        for key in LOADER_ONLY:
+            if key in options:
+                return (f"{OPTIONS_KEY}.{key}", "applies to data: loader only", options[key],
+                        "data: loader, or leave it out")
+    if options.get("persistent_workers") and not options.get("num_workers"):
+        return (f"{OPTIONS_KEY}.persistent_workers", "keeps worker processes, and num_workers is 0",
+                True, "num_workers >= 1, or leave it out")
+    problem = batch_problem(options, world_size, global_batch)
+    if problem:
+        return (f"{OPTIONS_KEY}.accumulation", problem, options.get("accumulation", 1),
+                "a count that divides global_batch / world_size")
+    return None
+
+
+def batch_problem(options: Mapping[str, Any], world_size: int, global_batch: int) -> str | None:
+    """Why ``global_batch`` cannot be split over ``world_size`` ranks with these options (a restart
+    at another world size), or None."""
+    accumulation = int(options.get("accumulation", 1))
+    if global_batch % (world_size * accumulation):
+        return (f"global batch {global_batch} does not split into {accumulation} micro-batch(es) on each of "
+                f"{world_size} ranks")
+    return None
+
+
+def _value_problem(key: str, value: Any) -> tuple[str, Any, Any] | None:
+    if key == "dropout":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            return "must be a probability", value, "a number in [0, 1)"
+    elif key == "ema":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+            return "must be a decay", value, "a number in (0, 1), such as 0.9"
+    elif key in ("accumulation", "epoch_steps"):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64:
+            return "must be a count", value, "an integer in 1..64"
+    elif key == "num_workers":
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 8:
+            return "must be a count of worker processes", value, "an integer in 0..8"
+    elif key == "persistent_workers":
+        if not isinstance(value, bool):
+            return "must be true or false", value, "true, false"
+    elif key == "data":
+        if value not in DATA_SOURCES:
+            return "is not a data source", value, ", ".join(DATA_SOURCES)
+    else:
+        return "is not an option of workload mlp", key, ", ".join(OPTION_NAMES)
+    return None
+
+
+OPTION_NAMES = ("dropout", "ema", "accumulation", "data") + LOADER_ONLY
