@@ -12,8 +12,8 @@ from resilience.workloads.mlp import MLPWorkload
 
 from .test_loader import load, scenario_error, variant
 
-FULL = {"dropout": 0.1, "ema": 0.9, "accumulation": 2, "data": "loader", "num_workers": 2,
-        "persistent_workers": True, "epoch_steps": 5}
+FULL = {"dropout": 0.1, "ema": 0.9, "accumulation": 2, "amp": "fp16", "buffers": True, "data": "loader",
+        "num_workers": 2, "persistent_workers": True, "epoch_steps": 5}
 
 
 @pytest.mark.parametrize("options, key, value, allowed", [
@@ -23,6 +23,8 @@ FULL = {"dropout": 0.1, "ema": 0.9, "accumulation": 2, "data": "loader", "num_wo
     ({"accumulation": 0}, "workload.options.accumulation", 0, "1..64"),
     ({"accumulation": 3}, "workload.options.accumulation", 3, "divides global_batch / world_size"),
     ({"data": "stream"}, "workload.options.data", "stream", "sampler, loader"),
+    ({"amp": "fp8"}, "workload.options.amp", "fp8", "bf16, fp16"),
+    ({"buffers": 1}, "workload.options.buffers", 1, "true, false"),
     ({"num_workers": 2}, "workload.options.num_workers", 2, "data: loader"),
     ({"data": "loader", "persistent_workers": True}, "workload.options.persistent_workers", True, "num_workers >= 1"),
     ({"persistent_workers": "yes", "data": "loader"}, "workload.options.persistent_workers", "yes", "true, false"),
@@ -38,6 +40,8 @@ def test_a_bad_option_is_named_with_what_is_allowed(options, key, value, allowed
     ("hf_trainer", {"ema": 0.9}, "workload.options.ema", "no workload options"),
     ("deepspeed.zero1", {"accumulation": 2}, "workload.options.accumulation", "dropout"),
     ("deepspeed.zero3", {"ema": 0.9}, "workload.options.ema", "data"),
+    ("deepspeed.zero2", {"buffers": True}, "workload.options.buffers", "dropout"),
+    ("dcp", {"amp": "bf16"}, "workload.options.amp", "buffers"),
     ({"name": "manifest", "options": {"inner": "deepspeed.zero2"}}, {"accumulation": 2},
      "workload.options.accumulation", "ema"),
 ])
@@ -76,10 +80,13 @@ def test_without_options_the_state_holds_what_it_always_held():
     workload = MLPWorkload(spec(), rank=0, world_size=2)
     assert set(workload.state_dict()) == {"model", "optimizer", "scheduler", "step", "data", "rng"}
     full = MLPWorkload(spec(**{**FULL, "num_workers": 0, "persistent_workers": False}), rank=0, world_size=2)
-    assert set(full.state_dict()) == {"model", "optimizer", "scheduler", "step", "data", "rng", "torch_rng", "ema"}
+    assert set(full.state_dict()) == {"model", "optimizer", "scheduler", "step", "data", "rng", "torch_rng", "ema",
+                                      "scaler"}
     assert full.state_dict()["data"] == {"epoch": 0, "batch": 0}
-    assert [type(m).__name__ for m in full.model] == ["Linear", "Tanh", "RowDropout", "Linear", "Tanh",
-                                                      "RowDropout", "Linear"]
+    assert full.state_dict()["scaler"]["scale"] == 2.0 ** 20
+    assert [type(m).__name__ for m in full.model] == ["Linear", "Tanh", "RunningCenter", "RowDropout", "Linear",
+                                                      "Tanh", "RowDropout", "Linear"]
+    assert {"2.running_mean", "2.updates"} <= set(full.state_dict()["model"])
 
 
 def loader_steps(world_size: int, steps: int, num_workers: int = 0) -> list[set[int]]:
@@ -143,3 +150,31 @@ def test_the_data_audit_names_the_batches_prefetched_workers_skipped_and_nothing
     twin = run_case(tmp_path / "twin", strategy="torch.per_rank", **case)
     assert twin.verdict.kind == VerdictKind.RECOVERED, twin.verdict.findings
     assert not [line for line in twin.verdict.findings if line.startswith("data:")]
+
+
+def test_the_prefetch_count_is_exact_without_workers():
+    """The count a resumable sampler saves equals what was trained only when nothing prefetches:
+    the planted bug hides at num_workers 0."""
+    inputs, targets = torch.randn(40, 3), torch.randn(40, 1)
+    data = LoaderData(inputs, targets, 0, 0, 2, 4, 0, False)
+    for _ in range(3):
+        data.next_micro_batch()
+    assert data.sampler.handed_out == 3 * 4
+    data.close()
+
+
+def test_a_stale_buffer_is_caught_only_where_a_buffer_is_updated_out_of_place(tmp_path):
+    """The planted save that writes the model's state dict it took at the first save: every
+    tensor the model updates in place is saved fresh, so without ``buffers`` it recovers; with
+    them the out-of-place update counter is saved stale, and the state digest names it."""
+    from .harness_helpers import run_case
+
+    strategy = "resilience.planted.workload_bugs:CachesModelStateDict"
+    fault = {"kind": "kill", "rank": 1, "step": 10, "phase": "train"}
+    workload = {"steps": 12, "checkpoint_every": 4}
+    hidden = run_case(tmp_path / "plain", strategy=strategy, fault=fault, workload=workload)
+    assert hidden.verdict.kind == VerdictKind.RECOVERED, hidden.verdict.findings
+    caught = run_case(tmp_path / "buffers", strategy=strategy, fault=fault,
+                      workload={**workload, "options": {"buffers": True}})
+    assert caught.verdict.kind == VerdictKind.SILENT
+    assert "model.2.updates" in caught.verdict.findings[0], caught.verdict.findings

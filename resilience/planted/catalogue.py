@@ -21,10 +21,11 @@ TWIN, STATE_BUG, STORAGE_BUG, ASYNC_BUG = ("resilience.planted.durable:", "resil
 WORKLOAD_BUG = "resilience.planted.workload_bugs:"
 RECOVERED, LOUD = VerdictKind.RECOVERED, VerdictKind.LOUD
 TWO_RANKS = {"model": "mlp", "world_size": 2, "steps": 12, "checkpoint_every": 4, "seed": 0}
-# the state of a real job: dropout on per-rank streams, an EMA, two micro-batches a step, a DataLoader
-# with two prefetching workers and 5-step epochs (a restore of step 8 resumes in the middle of epoch 1)
-FULL_STATE = {"dropout": 0.1, "ema": 0.9, "accumulation": 2, "data": "loader", "num_workers": 2,
-              "persistent_workers": True, "epoch_steps": 5}
+# the state of a real job: dropout on per-rank streams, an EMA, two micro-batches a step, fp16 with a
+# loss scaler, running statistics, a DataLoader with two prefetching workers and 5-step epochs (a restore of step 8
+# resumes in the middle of epoch 1)
+FULL_STATE = {"dropout": 0.1, "ema": 0.9, "accumulation": 2, "amp": "fp16", "buffers": True, "data": "loader",
+              "num_workers": 2, "persistent_workers": True, "epoch_steps": 5}
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,8 @@ CATCHERS: tuple[Catcher, ...] = (
              "timeouts": {"phase": 60}},
             frozenset({RECOVERED})),
     Catcher("full_state_kill", "rank 1 SIGKILLed between the two micro-batches of step 10 (checkpoints at 4 "
-            "and 8) of a job with dropout on per-rank streams, an EMA of the weights and a DataLoader with two "
-            "workers: the restart resumes mid-epoch and must restore all of it",
+            "and 8) of a job with dropout on per-rank streams, an EMA of the weights, fp16 with a loss scaler and "
+            "a DataLoader with two workers: the restart resumes mid-epoch and must restore all of it",
             {"workload": {**TWO_RANKS, "rank_rng": "distinct", "options": FULL_STATE},
              "fault": {"kind": "kill", "rank": 1, "step": 10, "phase": "train", "point": "micro_step"},
              "timeouts": {"phase": 60}},
@@ -183,6 +184,10 @@ BUGS: tuple[PlantedBug, ...] = (
                WORKLOAD_BUG + "CountsPrefetchedBatches", "full_state_kill", PER_RANK),
     PlantedBug("accumulation_not_counted", "a mid-epoch resume that skips one batch per step, not per micro-batch",
                WORKLOAD_BUG + "SkipsStepsNotMicroBatches", "full_state_kill", PER_RANK),
+    PlantedBug("scaler_not_saved", "the fp16 loss scaler neither saved nor restored (a fresh one on resume)",
+               WORKLOAD_BUG + "ScalerNotSaved", "full_state_kill", PER_RANK),
+    PlantedBug("stale_buffer_saved", "the model's state dict taken once and saved again: a buffer updated out of "
+               "place is written stale", WORKLOAD_BUG + "CachesModelStateDict", "full_state_kill", PER_RANK),
     PlantedBug("loads_by_local_rank", "shards loaded by local rank instead of global rank",
                STATE_BUG + "LoadsByLocalRank", "two_nodes", PER_RANK),
     PlantedBug("reshard_zero_fill", "resharding that zero-fills part of a tensor",

@@ -1,6 +1,6 @@
 """Planted bugs in the state a real job carries beside model and optimizer (`mlp` workload
-options): the weights' moving average, the DataLoader's epoch and position, and the step-to-batch
-arithmetic of gradient accumulation.
+options): the weights' moving average, the DataLoader's epoch and position, the step-to-batch
+arithmetic of gradient accumulation, the fp16 loss scaler, and a buffer updated out of place.
 
 Each is modelled on a failure mode of real training scripts and written against the public contract
 (``state_dict``/``load_state_dict``) and the workload's own data pipeline, which a script owns;
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..strategies.torch.native import PerRankSave
+from ..strategies.torch.native import CHECK_LOSS_KEY, PerRankSave, load_checked
 from ..workloads.base import Workload
 
 
@@ -59,3 +59,37 @@ class SkipsStepsNotMicroBatches(PerRankSave):
         epoch_steps = int(workload.spec.options.get("epoch_steps", 5))
         steps_in_epoch = state["step"] - state["data"]["epoch"] * epoch_steps
         workload.load_state_dict({**state, "data": {**state["data"], "batch": steps_in_epoch}})
+
+
+class ScalerNotSaved(PerRankSave):
+    """Checkpoints model, optimizer and the rest but not the fp16 loss scaler, and builds a fresh
+    one on resume (a script that saves what it names and forgets ``scaler.state_dict()``): the
+    scale starts over, and the first steps after the restore overflow or skip where the
+    uninterrupted run did not."""
+
+    def file_content(self, workload: Workload) -> dict:
+        content = super().file_content(workload)
+        content.pop("scaler", None)
+        return content
+
+    def restore_from(self, path: Path | str, workload: Workload) -> None:
+        fresh = workload.state_dict()["scaler"]  # the scaler as the resumed script constructs it
+        state = load_checked(path, False, self.target)
+        state.pop(CHECK_LOSS_KEY, None)
+        workload.load_state_dict({**state, "scaler": fresh})
+
+
+class CachesModelStateDict(PerRankSave):
+    """Takes the model's state dict once, at the first save, and writes that dict at every later
+    save (the tensors it holds are the live ones, so why ask again): what the model updates in
+    place is saved fresh, a buffer the forward rebinds to a new tensor (updated out of place) is
+    saved as it was at the first save."""
+
+    cached_model: dict | None = None
+
+    def file_content(self, workload: Workload) -> dict:
+        content = super().file_content(workload)
+        if self.cached_model is None:
+            self.cached_model = workload.state_dict()["model"]
+        content["model"] = self.cached_model
+        return content

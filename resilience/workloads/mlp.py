@@ -20,7 +20,7 @@ from ..core.device import rank_device
 from ..core.topology import Topology
 from .base import TrainableWorkload
 from .data import SamplerData, synthetic_dataset
-from .extra_state import RowDropout, WeightAverage
+from .extra_state import Precision, RowDropout, RunningCenter, WeightAverage
 from .loader import LoaderData
 from .options import TrainingExtras, batch_problem, option_problem
 
@@ -31,7 +31,7 @@ class MLPWorkload(TrainableWorkload):
     Checkpointed state: ``step``, ``model``, ``optimizer`` (Adam moments), ``scheduler``, ``data``
     (the position of the shuffled sampler or of the DataLoader) and ``rng`` (this rank's input-noise
     generator); with the options (`TrainingExtras`) also ``torch_rng`` (the process's torch RNG,
-    which dropout consumes) and ``ema`` (the weights' moving average).
+    which dropout consumes), ``ema`` (the weights' moving average) and ``scaler`` (fp16's loss scale).
     With ``rank_rng: same`` every rank draws the noise (and dropout masks) of the whole global batch
     from an identical stream and keeps its rows (so the trajectory is independent of the split);
     with ``distinct`` each rank has its own streams, as real per-rank dropout does, and a restore
@@ -62,12 +62,14 @@ class MLPWorkload(TrainableWorkload):
         torch.manual_seed(spec.seed)
         distinct = spec.rank_rng == "distinct"
         self.dropouts = [RowDropout(extras.dropout, distinct) for _ in range(2)] if extras.dropout else []
-        layers = [torch.nn.Linear(self.input_dim, hidden), torch.nn.Tanh(), *self.dropouts[:1],
+        statistics = [RunningCenter(hidden, self.micro_batch * world_size)] if extras.buffers else []
+        layers = [torch.nn.Linear(self.input_dim, hidden), torch.nn.Tanh(), *statistics, *self.dropouts[:1],
                   torch.nn.Linear(hidden, hidden), torch.nn.Tanh(), *self.dropouts[1:], torch.nn.Linear(hidden, 1)]
         self.model = torch.nn.Sequential(*layers).to(self.device)  # built on the CPU: the same initial bits
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.base_lr, foreach=False)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor)
         self.average = WeightAverage(self.model, extras.ema) if extras.ema is not None else None
+        self.precision = Precision(extras.amp, self.device)
         size = spec.global_batch * extras.epoch_steps if extras.data == "loader" else self.dataset_size
         inputs, targets = synthetic_dataset(spec.seed, size, self.input_dim)
         self.inputs, self.targets = inputs.to(self.device), targets.to(self.device)
@@ -135,11 +137,12 @@ class MLPWorkload(TrainableWorkload):
         self.optimizer.zero_grad(set_to_none=False)
         total = None
         for inputs, targets in self.micro_batches():  # gradients accumulate, one reduction a step
-            local_loss = ((self.model(inputs) - targets) ** 2).sum() / self.spec.global_batch
-            local_loss.backward()
+            with self.precision.autocast():
+                local_loss = ((self.model(inputs) - targets) ** 2).sum() / self.spec.global_batch
+            self.precision.backward(local_loss)
             total = local_loss.detach().reshape(1) if total is None else total + local_loss.detach()
         loss = sum_gradients(self.model.parameters(), total)
-        self.optimizer.step()
+        self.precision.step(self.optimizer)
         self.scheduler.step()
         self.count_step()
         return float(loss)
@@ -177,6 +180,8 @@ class MLPWorkload(TrainableWorkload):
             state["torch_rng"] = torch.get_rng_state()
         if self.average is not None:
             state["ema"] = self.average.state()
+        if self.precision.scaler is not None:
+            state["scaler"] = self.precision.scaler.state_dict()
         return state
 
     def close(self) -> None:
@@ -195,6 +200,8 @@ class MLPWorkload(TrainableWorkload):
             torch.set_rng_state(state["torch_rng"])
         if self.average is not None:
             self.average.load(state["ema"])
+        if self.precision.scaler is not None:
+            self.precision.scaler.load_state_dict(state["scaler"])
         self._step = int(state["step"])
 
 

@@ -4,6 +4,8 @@ bare model and optimizer lack, each off by default so that a case without option
     dropout: 0.1            # dropout after each hidden layer, drawn from the process's torch RNG
     ema: 0.9                # an exponential moving average of the weights, kept in the state
     accumulation: 2         # micro-batches per optimizer step (a fault may fire between them)
+    amp: fp16               # autocast in bf16, or fp16 with a GradScaler whose scale must survive
+    buffers: true           # running statistics: one buffer updated in place, one out of place
     data: loader            # a torch DataLoader with a DistributedSampler (default: sampler)
     num_workers: 2          # loader worker processes (data: loader)
     persistent_workers: true
@@ -17,6 +19,7 @@ from typing import Any
 
 OPTIONS_KEY = "workload.options"
 DATA_SOURCES = ("sampler", "loader")
+PRECISIONS = ("bf16", "fp16")
 LOADER_ONLY = ("num_workers", "persistent_workers", "epoch_steps")
 
 
@@ -27,6 +30,8 @@ class TrainingExtras:
     dropout: float = 0.0
     ema: float | None = None  # the decay; None: no average kept
     accumulation: int = 1
+    amp: str | None = None  # "bf16" or "fp16"; None: full precision
+    buffers: bool = False
     data: str = "sampler"
     num_workers: int = 0
     persistent_workers: bool = False
@@ -37,7 +42,9 @@ class TrainingExtras:
         """The extras of validated options (`option_problem` found nothing)."""
         ema = options.get("ema")
         return cls(dropout=float(options.get("dropout", 0.0)), ema=None if ema is None else float(ema),
-                   accumulation=int(options.get("accumulation", 1)), data=str(options.get("data", "sampler")),
+                   accumulation=int(options.get("accumulation", 1)), amp=options.get("amp"),
+                   buffers=bool(options.get("buffers", False)),
+                   data=str(options.get("data", "sampler")),
                    num_workers=int(options.get("num_workers", 0)),
                    persistent_workers=bool(options.get("persistent_workers", False)),
                    epoch_steps=int(options.get("epoch_steps", 5)))
@@ -88,9 +95,12 @@ def _value_problem(key: str, value: Any) -> tuple[str, Any, Any] | None:
     elif key == "num_workers":
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 8:
             return "must be a count of worker processes", value, "an integer in 0..8"
-    elif key == "persistent_workers":
+    elif key in ("persistent_workers", "buffers"):
         if not isinstance(value, bool):
             return "must be true or false", value, "true, false"
+    elif key == "amp":
+        if value not in PRECISIONS:
+            return "is not a mixed precision", value, ", ".join(PRECISIONS)
     elif key == "data":
         if value not in DATA_SOURCES:
             return "is not a data source", value, ", ".join(DATA_SOURCES)
@@ -99,4 +109,4 @@ def _value_problem(key: str, value: Any) -> tuple[str, Any, Any] | None:
     return None
 
 
-OPTION_NAMES = ("dropout", "ema", "accumulation", "data") + LOADER_ONLY
+OPTION_NAMES = ("dropout", "ema", "accumulation", "amp", "buffers", "data") + LOADER_ONLY

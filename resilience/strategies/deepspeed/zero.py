@@ -93,8 +93,10 @@ class ZeroCheckpoint(CheckpointStrategy):
 
     @classmethod
     def workload_options(cls, options: Mapping[str, Any]) -> frozenset[str] | None:
-        """The engine takes one batch a step (no ``accumulation``); ZeRO-3 keeps each parameter
-        partitioned in the module, so the weights' average (``ema``) cannot read them whole."""
+        """The engine takes one batch a step (no ``accumulation``) in full precision (its own fp16
+        needs CUDA: no ``amp``), and the trusted state this wrapper reads and restores holds
+        parameters only (no ``buffers``); ZeRO-3 keeps each parameter partitioned in the module,
+        so the weights' average (``ema``) cannot read them whole."""
         carried = {"dropout", "data", "num_workers", "persistent_workers", "epoch_steps", "ema"}
         return frozenset(carried - {"ema"} if cls.stage == 3 else carried)
 

@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from ...core.capabilities import Capability
 from ...workloads.base import TrainableWorkload, Workload
+from ...workloads.options import OPTION_NAMES
 from ..base import CheckpointStrategy, StrategyContext
 from .dcp_objects import (
     METADATA,
@@ -195,6 +196,12 @@ class DcpCheckpoint(CheckpointStrategy):
         self.pending_step: int | None = None
         self.overlap = bool(context.options.get("overlap", False))
         self.in_flight: list[tuple[int, Any]] = []  # overlap: (step, future) of every save not yet awaited
+
+    @classmethod
+    def workload_options(cls, options: Mapping[str, Any]) -> frozenset[str] | None:
+        """The FSDP2 step casts nothing (FSDP2 has a mixed-precision policy of its own): every
+        option but ``amp``."""
+        return frozenset(OPTION_NAMES) - {"amp"}
 
     @classmethod
     def trainer(cls, options: Mapping[str, Any]) -> str:
