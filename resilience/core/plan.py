@@ -33,6 +33,9 @@ class PhasePlan:
     collective_timeout_s: float
     topology: dict | None = None  # `Topology.as_dict()` of this phase (None: one node, pure DP)
     object_store: dict | None = None  # {"url": "s3://bucket/prefix", "endpoint": ...} (None: checkpoint_dir)
+    # directories a restoring phase must not need (the first run's phase directory): what its ranks
+    # open there is a finding (`resilience.rank.working_dir`)
+    foreign_roots: tuple[str, ...] = ()
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=1))
@@ -41,6 +44,7 @@ class PhasePlan:
     def read(cls, path: Path) -> "PhasePlan":
         data = json.loads(Path(path).read_text())
         data["rank_map"] = tuple(data["rank_map"])
+        data["foreign_roots"] = tuple(data.get("foreign_roots", ()))
         return cls(**data)
 
     def placement(self):

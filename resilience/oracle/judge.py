@@ -63,6 +63,7 @@ def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: P
             silent += found
         if restored_step is not None:  # which samples the job trained, against the reference's epochs
             silent += data_audit.audit(reference, first_run, restart, restored_step)
+    silent += rules.foreign_reads(restart)
 
     hang_lines = next(([f"phase {hung} passed its {case.timeouts.phase_s:g} s deadline", *p.hang_summary]
                        for p in later if p.name == hung), [])

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..core.case import VerdictKind
-from ..core.records import Divergence, RankError
+from ..core.records import Divergence, PhaseResult, RankError
 
 
 def loss_mismatch(got: Mapping[int, float], expected: Mapping[int, float], phase: str, rank: int) -> Divergence | None:
@@ -92,3 +92,15 @@ def findings(silent: list[str], hang_lines: list[str], first_error: RankError | 
     failed first, then notes."""
     failed = [f"rank {first_error.rank} failed in {first_error.phase}: {first_error.summary()}"] if first_error else []
     return tuple(silent + hang_lines + failed + notes)
+
+
+def foreign_reads(restart: PhaseResult) -> list[str]:
+    """The files the restart's ranks opened under the first run's phase directory (its working
+    directory, logs, anything it wrote beside the checkpoint): SILENT, since a restart on a fresh
+    node, or after that directory is gone, could not have read them."""
+    by_path: dict[str, list[int]] = {}
+    for event in restart.events("foreign_read"):
+        by_path.setdefault(event["path"], []).append(event["rank"])
+    return [f"{restart.name}: rank {', '.join(map(str, sorted(set(ranks))))} read {path}, which the first run wrote "
+            "outside the checkpoint directory: the checkpoint is not self-contained"
+            for path, ranks in sorted(by_path.items())]

@@ -176,6 +176,8 @@ BUGS: tuple[PlantedBug, ...] = (
                STATE_BUG + "LoadsOldest", "kill_in_training", PER_RANK),
     PlantedBug("save_consumes_randomness", "a save that draws from the training RNG",
                STATE_BUG + "SaveConsumesRandomness", "kill_in_training", PER_RANK),
+    PlantedBug("state_beside_checkpoint", "part of the state kept in the first run's working directory, read back "
+               "by absolute path", STATE_BUG + "KeepsScheduleBesideCheckpoint", "kill_in_training", PER_RANK),
     PlantedBug("ema_saved_as_weights", "the live weights saved where the EMA belongs",
                WORKLOAD_BUG + "EmaSavedAsWeights", "full_state_kill", PER_RANK),
     PlantedBug("sampler_epoch_not_restored", "set_epoch not called on resume: the epoch replays epoch 0's shuffle",

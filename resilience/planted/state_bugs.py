@@ -136,6 +136,25 @@ class SnapshotsAfterReturning(PerRankSave):
             self.pending = None
 
 
+class KeepsScheduleBesideCheckpoint(PerRankSave):
+    """Writes the LR schedule's state into the job's working directory (where a script keeps its
+    run files) and records that file's absolute path in the checkpoint; the restore reads it back
+    from there. It works where the restart runs in the same directory on the same machine, and a
+    fresh node, or a cleaned working directory, has no such file."""
+
+    def file_content(self, workload: Workload) -> dict:
+        content = super().file_content(workload)
+        schedule = Path.cwd() / f"schedule_rank_{self.context.rank}.pt"
+        torch.save(content.pop("scheduler"), schedule)
+        content["scheduler_file"] = str(schedule.resolve())
+        return content
+
+    def restore_from(self, path: Path, workload: Workload) -> None:
+        state = _plain_state(path)
+        state["scheduler"] = torch.load(state.pop("scheduler_file"), weights_only=True)
+        workload.load_state_dict(state)
+
+
 class ZeroFillReshard(CheckpointStrategy):
     """Shards the replicated state across the ranks: rank r saves the r-th of W equal slices of
     every flattened tensor (``step_N/slice_<r>.pt``, everything else whole). Restore rebuilds each

@@ -170,4 +170,6 @@ class _Planner:
             snapshot_dir=str(snapshot_dir) if snapshot_dir else None, snapshot_step=snapshot_step,
             rank_map=rank_map or tuple(range(world_size)),
             collective_timeout_s=self.case.timeouts.collective_s,
-            topology=(topology or self.placement(name)).as_dict(), object_store=self.object_store)
+            topology=(topology or self.placement(name)).as_dict(), object_store=self.object_store,
+            # a phase that restores from the checkpoint must find everything in it
+            foreign_roots=(str(self.work_dir / FIRST_RUN),) if start in ("strategy", "step") else ())
