@@ -22,10 +22,10 @@ WORKLOAD_BUG = "resilience.planted.workload_bugs:"
 RECOVERED, LOUD = VerdictKind.RECOVERED, VerdictKind.LOUD
 TWO_RANKS = {"model": "mlp", "world_size": 2, "steps": 12, "checkpoint_every": 4, "seed": 0}
 # the state of a real job: dropout on per-rank streams, an EMA, two micro-batches a step, fp16 with a
-# loss scaler, running statistics, a DataLoader with two prefetching workers and 5-step epochs (a restore of step 8
-# resumes in the middle of epoch 1)
-FULL_STATE = {"dropout": 0.1, "ema": 0.9, "accumulation": 2, "amp": "fp16", "buffers": True, "data": "loader",
-              "num_workers": 2, "persistent_workers": True, "epoch_steps": 5}
+# loss scaler, running statistics, a tied layer, a DataLoader with two prefetching workers and
+# 5-step epochs (a restore of step 8 resumes in the middle of epoch 1)
+FULL_STATE = {"dropout": 0.1, "ema": 0.9, "accumulation": 2, "amp": "fp16", "buffers": True, "tied": True,
+              "data": "loader", "num_workers": 2, "persistent_workers": True, "epoch_steps": 5}
 
 
 @dataclass(frozen=True)
@@ -190,6 +190,8 @@ BUGS: tuple[PlantedBug, ...] = (
                WORKLOAD_BUG + "ScalerNotSaved", "full_state_kill", PER_RANK),
     PlantedBug("stale_buffer_saved", "the model's state dict taken once and saved again: a buffer updated out of "
                "place is written stale", WORKLOAD_BUG + "CachesModelStateDict", "full_state_kill", PER_RANK),
+    PlantedBug("tied_weights_untied", "tied weights loaded into two parameters (assign=True): one stops training",
+               WORKLOAD_BUG + "UntiesAtLoad", "full_state_kill", PER_RANK),
     PlantedBug("loads_by_local_rank", "shards loaded by local rank instead of global rank",
                STATE_BUG + "LoadsByLocalRank", "two_nodes", PER_RANK),
     PlantedBug("reshard_zero_fill", "resharding that zero-fills part of a tensor",

@@ -1,6 +1,7 @@
 """Planted bugs in the state a real job carries beside model and optimizer (`mlp` workload
 options): the weights' moving average, the DataLoader's epoch and position, the step-to-batch
-arithmetic of gradient accumulation, the fp16 loss scaler, and a buffer updated out of place.
+arithmetic of gradient accumulation, the fp16 loss scaler, a buffer updated out of place, and
+tied weights.
 
 Each is modelled on a failure mode of real training scripts and written against the public contract
 (``state_dict``/``load_state_dict``) and the workload's own data pipeline, which a script owns;
@@ -8,6 +9,7 @@ Each is modelled on a failure mode of real training scripts and written against 
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 from ..strategies.torch.native import CHECK_LOSS_KEY, PerRankSave, load_checked
@@ -93,3 +95,18 @@ class CachesModelStateDict(PerRankSave):
             self.cached_model = workload.state_dict()["model"]
         content["model"] = self.cached_model
         return content
+
+
+class UntiesAtLoad(PerRankSave):
+    """Restores every state-dict key into a parameter of its own (a load with ``assign=True``, or a
+    format that stores each key apart and never re-ties): the tied layer's two keys get the same
+    values but two tensors, and the optimizer, built over the one tied parameter, updates only the
+    first from then on."""
+
+    def restore_from(self, path: Path | str, workload: Workload) -> None:
+        super().restore_from(path, workload)
+        seen: set[int] = set()
+        for name, child in list(workload.model.named_children()):
+            if id(child) in seen:
+                setattr(workload.model, name, copy.deepcopy(child))
+            seen.add(id(child))

@@ -63,8 +63,11 @@ class MLPWorkload(TrainableWorkload):
         distinct = spec.rank_rng == "distinct"
         self.dropouts = [RowDropout(extras.dropout, distinct) for _ in range(2)] if extras.dropout else []
         statistics = [RunningCenter(hidden, self.micro_batch * world_size)] if extras.buffers else []
-        layers = [torch.nn.Linear(self.input_dim, hidden), torch.nn.Tanh(), *statistics, *self.dropouts[:1],
-                  torch.nn.Linear(hidden, hidden), torch.nn.Tanh(), *self.dropouts[1:], torch.nn.Linear(hidden, 1)]
+        # built in this order: the same initial bits with any options
+        first, shared, last = (torch.nn.Linear(self.input_dim, hidden), torch.nn.Linear(hidden, hidden),
+                               torch.nn.Linear(hidden, 1))
+        layers = [first, torch.nn.Tanh(), *statistics, *self.dropouts[:1], shared, torch.nn.Tanh(),
+                  *((shared, torch.nn.Tanh()) if extras.tied else ()), *self.dropouts[1:], last]  # tied: 2 keys
         self.model = torch.nn.Sequential(*layers).to(self.device)  # built on the CPU: the same initial bits
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.base_lr, foreach=False)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor)

@@ -6,6 +6,7 @@ bare model and optimizer lack, each off by default so that a case without option
     accumulation: 2         # micro-batches per optimizer step (a fault may fire between them)
     amp: fp16               # autocast in bf16, or fp16 with a GradScaler whose scale must survive
     buffers: true           # running statistics: one buffer updated in place, one out of place
+    tied: true              # the hidden layer applied twice: one parameter under two state-dict keys
     data: loader            # a torch DataLoader with a DistributedSampler (default: sampler)
     num_workers: 2          # loader worker processes (data: loader)
     persistent_workers: true
@@ -32,6 +33,7 @@ class TrainingExtras:
     accumulation: int = 1
     amp: str | None = None  # "bf16" or "fp16"; None: full precision
     buffers: bool = False
+    tied: bool = False
     data: str = "sampler"
     num_workers: int = 0
     persistent_workers: bool = False
@@ -43,7 +45,7 @@ class TrainingExtras:
         ema = options.get("ema")
         return cls(dropout=float(options.get("dropout", 0.0)), ema=None if ema is None else float(ema),
                    accumulation=int(options.get("accumulation", 1)), amp=options.get("amp"),
-                   buffers=bool(options.get("buffers", False)),
+                   buffers=bool(options.get("buffers", False)), tied=bool(options.get("tied", False)),
                    data=str(options.get("data", "sampler")),
                    num_workers=int(options.get("num_workers", 0)),
                    persistent_workers=bool(options.get("persistent_workers", False)),
@@ -95,7 +97,7 @@ def _value_problem(key: str, value: Any) -> tuple[str, Any, Any] | None:
     elif key == "num_workers":
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 8:
             return "must be a count of worker processes", value, "an integer in 0..8"
-    elif key in ("persistent_workers", "buffers"):
+    elif key in ("persistent_workers", "buffers", "tied"):
         if not isinstance(value, bool):
             return "must be true or false", value, "true, false"
     elif key == "amp":
@@ -109,4 +111,4 @@ def _value_problem(key: str, value: Any) -> tuple[str, Any, Any] | None:
     return None
 
 
-OPTION_NAMES = ("dropout", "ema", "accumulation", "amp", "buffers", "data") + LOADER_ONLY
+OPTION_NAMES = ("dropout", "ema", "accumulation", "amp", "buffers", "tied", "data") + LOADER_ONLY

@@ -11,7 +11,14 @@ and ``make_sharded_tensor_for_checkpoint``; ``megatron/core/optimizer/optimizer.
   ``get_param_id_to_sharded_param_map`` and ``optim_state_to_sharding_state`` (sharded like their
   parameter, keys ``optimizer.state.exp_avg.model.layerN.<name>``); the per-parameter ``step``, which
   Megatron saves once as ``common_step``, and the param groups in the common state.
-- common (``common.pt``, rank 0's): step, scheduler, data position, RNG.
+- common (``common.pt``, rank 0's): step, scheduler, data position.
+- RNG: as Megatron-LM's ``get_rng_state`` (``megatron/training/checkpointing.py`` at
+  ``core_v0.16.1``, lines 347-383): one ``ShardedObject('rng_state', states, (pp, tp), (pp_rank,
+  tp_rank), replica_id=dp_rank)`` per model-parallel rank, whose list holds every data-parallel
+  rank's state (gathered over the data-parallel group) with per-rank streams, as with
+  ``--data-parallel-random-init``, and the one replicated state otherwise; a load takes entry
+  ``dp_rank`` or entry 0 (lines 1859-1862): a restart with more data-parallel ranks than the
+  checkpoint has entries fails as Megatron-LM does (IndexError).
 
 megatron-core is imported only here, inside the functions: the workload itself never needs it.
 The workload (``parallel_mlp.TensorParallelMLP``) calls these from its ``sharded_state_dict``.
@@ -56,7 +63,22 @@ def sharded_state_dict(workload: Any, loading: bool = False) -> dict[str, Any]:
     return {"model": model, "optimizer": optimizer,
             "common_step": torch.tensor(steps.pop() if steps else 0.0),
             "scheduler": workload.scheduler.state_dict(), "iteration": workload.step,
-            "data": workload.sampler.state(), "rng": workload.rng.get_state()}
+            "data": workload.sampler.state(), "rng": rng_state(workload, loading)}
+
+
+def rng_state(workload: Any, loading: bool) -> Any:
+    """Megatron-LM's ``rng_state`` sharded object: every data-parallel rank's state when the
+    streams are per rank (gathered, collective over the data-parallel group), else this one."""
+    import torch.distributed as dist
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    topology, coords = workload.topology, workload.coords
+    states = [workload.rng.get_state()]
+    if workload.rank_local_keys and topology.dp > 1 and not loading:
+        states = [None] * topology.dp
+        dist.all_gather_object(states, workload.rng.get_state(), group=workload.data_group)
+    return ShardedObject("rng_state", states, (topology.pp, topology.tp), (coords.pp, coords.tp),
+                         replica_id=coords.dp)
 
 
 def state_from_loaded(workload: Any, loaded: dict[str, Any]) -> dict[str, Any]:
@@ -69,4 +91,4 @@ def state_from_loaded(workload: Any, loaded: dict[str, Any]) -> dict[str, Any]:
             "optimizer": {"state": state if float(step) > 0 else {},
                           "param_groups": loaded["optimizer"]["param_groups"]},
             "scheduler": loaded["scheduler"], "step": int(loaded["iteration"]), "data": loaded["data"],
-            "rng": loaded["rng"]}
+            "rng": loaded["rng"][workload.coords.dp if workload.rank_local_keys else 0]}

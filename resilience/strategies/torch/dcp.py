@@ -22,6 +22,8 @@ each on a process group of its own, and training's end waits for all of them), a
 (``FsspecWriter``/``FsspecReader`` on a ``file://`` URL, or, with ``object_store: s3``, on the
 case's ``s3://`` URL through s3fs, whose rename is a server-side copy then a delete), or, with
 ``object_store: s3`` only, ``s3torchconnector`` (its ``S3StorageWriter``/``S3StorageReader``).
+``replicate: R`` trains with hybrid sharding (HSDP): a 2-D mesh of R replica groups, each sharding
+over ``world_size / R`` ranks (every world size of the case must be a multiple of R).
 """
 from __future__ import annotations
 
@@ -86,9 +88,9 @@ class DcpCheckpoint(CheckpointStrategy):
     """
 
     warm_restores = True  # keeps nothing between loads: restored in warm ranks
-    options = ("mode", "storage", "overlap", "part_size")
-    option_values: ClassVar[Mapping[str, tuple[Any, ...]]] = {"mode": MODES, "storage": STORAGES,
-                                                              "overlap": (False, True)}
+    options = ("mode", "storage", "overlap", "part_size", "replicate")
+    option_values: ClassVar[Mapping[str, tuple[Any, ...] | type]] = {"mode": MODES, "storage": STORAGES,
+                                                                     "overlap": (False, True), "replicate": int}
     capabilities = frozenset({Capability.IN_FLIGHT_STEPS})
 
     @classmethod
@@ -122,7 +124,7 @@ class DcpCheckpoint(CheckpointStrategy):
     def prepare(self, workload: Workload) -> Workload:
         if not isinstance(workload, TrainableWorkload):
             raise TypeError(f"FSDP2 trains a TrainableWorkload; {type(workload).__name__} is not one")
-        self.workload = FsdpTrainedWorkload(workload)
+        self.workload = FsdpTrainedWorkload(workload, int(self.context.options.get("replicate", 1)))
         if self.mode == "async":
             # a background thread's collectives must not interleave with training's on one group
             self.async_group = dist.new_group(backend="gloo", timeout=job_timeout())

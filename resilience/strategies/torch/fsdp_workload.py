@@ -11,7 +11,9 @@ from ...workloads.base import TrainableWorkload, Workload
 
 
 class FsdpTrainedWorkload(Workload):
-    """A `TrainableWorkload` whose model FSDP2 shards over every rank.
+    """A `TrainableWorkload` whose model FSDP2 shards over every rank, or, with ``replicate`` R > 1,
+    hybrid-shards (HSDP): a 2-D mesh of R replica groups, each sharding the model over
+    ``world_size / R`` ranks, gradients reduce-scattered within a group and all-reduced across.
 
     The optimizer and scheduler are rebuilt over the sharded parameters (FSDP2 replaces them with
     DTensors). Gradients are reduce-scattered as a plain sum (``set_gradient_divide_factor(1)``, sum
@@ -23,7 +25,7 @@ class FsdpTrainedWorkload(Workload):
     every rank. ``state_dict`` and ``load_state_dict`` are collective: every rank calls them together.
     """
 
-    def __init__(self, inner: TrainableWorkload):
+    def __init__(self, inner: TrainableWorkload, replicate: int = 1):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
@@ -34,7 +36,14 @@ class FsdpTrainedWorkload(Workload):
         if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR) or scheduler.last_epoch != 0:
             raise TypeError(f"FSDP2 training rebuilds the LR schedule over the sharded parameters; it needs a fresh "
                             f"LambdaLR, got {type(scheduler).__name__} at epoch {scheduler.last_epoch}")
-        mesh = init_device_mesh("cpu", (inner.world_size,))
+        if inner.world_size % replicate:
+            raise ValueError(f"replicate {replicate} does not divide the world size {inner.world_size}: "
+                             "hybrid sharding needs equal replica groups")
+        if replicate > 1:
+            mesh = init_device_mesh("cpu", (replicate, inner.world_size // replicate),
+                                    mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh("cpu", (inner.world_size,))
         self.model = fully_shard(inner.model, mesh=mesh)
         self.model.set_gradient_divide_factor(1.0)
         self.model.set_force_sum_reduction_for_comms(True)
@@ -93,7 +102,14 @@ class FsdpTrainedWorkload(Workload):
         shards each full tensor locally: never through DCP, which is what is under test."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
+        # A module applied twice (the workload's ``tied``) has its parameters under two keys; torch
+        # 2.13's full-state-dict load shards only the first (``_iterate_valid_model_state`` skips a
+        # module it visited, state_dict.py:243) and copies the second, still a plain tensor, into
+        # the DTensor ("got mixed torch.Tensor and DTensor"): the second key is left out, and
+        # loading the first sets the one parameter both keys name.
+        own = {name for name, _ in self.model.named_parameters()} | {name for name, _ in self.model.named_buffers()}
+        model_state = {key: value for key, value in state["model"].items() if key in own}
+        set_state_dict(self.model, self.optimizer, model_state_dict=model_state, optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(full_state_dict=True, strict=len(model_state) == len(state["model"])))
         self.scheduler.load_state_dict(state["scheduler"])
         self.inner.load_progress_state(state)
