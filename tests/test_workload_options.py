@@ -25,6 +25,8 @@ FULL = {"dropout": 0.1, "ema": 0.9, "accumulation": 2, "amp": "fp16", "buffers":
     ({"data": "stream"}, "workload.options.data", "stream", "sampler, loader"),
     ({"amp": "fp8"}, "workload.options.amp", "fp8", "bf16, fp16"),
     ({"buffers": 1}, "workload.options.buffers", 1, "true, false"),
+    ({"data": "loader", "loader_state": "shared"}, "workload.options.loader_state", "shared", "replicated, per_rank"),
+    ({"loader_state": "per_rank"}, "workload.options.loader_state", "per_rank", "data: loader"),
     ({"num_workers": 2}, "workload.options.num_workers", 2, "data: loader"),
     ({"data": "loader", "persistent_workers": True}, "workload.options.persistent_workers", True, "num_workers >= 1"),
     ({"persistent_workers": "yes", "data": "loader"}, "workload.options.persistent_workers", "yes", "true, false"),
@@ -178,3 +180,18 @@ def test_a_stale_buffer_is_caught_only_where_a_buffer_is_updated_out_of_place(tm
                       workload={**workload, "options": {"buffers": True}})
     assert caught.verdict.kind == VerdictKind.SILENT
     assert "model.2.updates" in caught.verdict.findings[0], caught.verdict.findings
+
+
+def test_a_per_rank_loader_position_is_kept_under_the_ranks_own_key_as_torchtitan_keeps_it(capsys):
+    inputs, targets = torch.randn(40, 3), torch.randn(40, 1)
+    first = LoaderData(inputs, targets, 0, 1, 2, 4, 0, False, per_rank_state=True)
+    for _ in range(3):
+        first.next_micro_batch()
+    assert first.state() == {"dp_rank_1": {"epoch": 0, "batch": 3}, "world_size": 2}
+    other = LoaderData(inputs, targets, 0, 1, 2, 4, 0, False, per_rank_state=True)
+    other.load({"dp_rank_0": {"epoch": 0, "batch": 3}, "world_size": 2})  # rank 0's state only
+    assert other.state()["dp_rank_1"] == {"epoch": 0, "batch": 0}
+    assert "DataLoader state is empty for dp rank 1, expected key dp_rank_1" in capsys.readouterr().err
+    wider = LoaderData(inputs, targets, 0, 1, 4, 2, 0, False, per_rank_state=True)
+    with pytest.raises(AssertionError, match="dp_degree is inconsistent before and after checkpoint"):
+        wider.load(first.state())

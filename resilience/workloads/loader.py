@@ -2,9 +2,12 @@
 a map-style dataset with a ``DistributedSampler(shuffle=True)``, ``set_epoch`` at every epoch, and
 worker processes that prefetch. Its position (epoch, micro-batches trained in it) is what a
 checkpoint must carry; a restore rebuilds the iterator and skips what was trained, as a job that
-resumes mid-epoch does."""
+resumes mid-epoch does. With ``loader_state: per_rank`` each rank keeps its position under a key of
+its own, as torchtitan's ``ParallelAwareDataloader`` does (``torchtitan/components/dataloader.py``):
+a rank whose key is missing warns and starts its epoch over, and another world size is refused."""
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,8 +49,8 @@ class LoaderData:
     the global micro-batch is the same set of examples at every world size."""
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, seed: int, rank: int, world_size: int,
-                 micro_batch: int, num_workers: int, persistent_workers: bool):
-        self.rank, self.world_size = rank, world_size
+                 micro_batch: int, num_workers: int, persistent_workers: bool, per_rank_state: bool = False):
+        self.rank, self.world_size, self.per_rank_state = rank, world_size, per_rank_state
         self.sampler = CountingSampler(IndexedExamples(inputs, targets), num_replicas=world_size, rank=rank,
                                        shuffle=True, seed=seed, drop_last=True)
         # its own generator: an iterator's base seed must not draw from the torch RNG dropout uses.
@@ -74,10 +77,21 @@ class LoaderData:
         self.batch += 1
         return indices, inputs, targets, torch.arange(len(indices)) * self.world_size + self.rank
 
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch": self.batch}
+    def state(self) -> dict[str, Any]:
+        """(epoch, micro-batches trained in it); with ``per_rank_state``, under this rank's own key
+        beside the world size, as torchtitan's ``ParallelAwareDataloader.state_dict`` keeps it."""
+        position = {"epoch": self.epoch, "batch": self.batch}
+        return {f"dp_rank_{self.rank}": position, "world_size": self.world_size} if self.per_rank_state else position
 
     def load(self, state: dict[str, Any]) -> None:
+        if self.per_rank_state:  # torchtitan's ParallelAwareDataloader.load_state_dict, step by step
+            key = f"dp_rank_{self.rank}"
+            if key not in state:
+                print(f"DataLoader state is empty for dp rank {self.rank}, expected key {key}", file=sys.stderr)
+                return
+            assert self.world_size == state["world_size"], (
+                "dp_degree is inconsistent before and after checkpoint, dataloader resharding is not supported yet.")
+            state = state[key]
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
         self._iterator = None  # the next batch starts a resumed iterator (persistent workers are reused)
 

@@ -76,15 +76,19 @@ class MLPWorkload(TrainableWorkload):
         size = spec.global_batch * extras.epoch_steps if extras.data == "loader" else self.dataset_size
         inputs, targets = synthetic_dataset(spec.seed, size, self.input_dim)
         self.inputs, self.targets = inputs.to(self.device), targets.to(self.device)
-        self.data = LoaderData(inputs, targets, spec.seed, rank, world_size, self.micro_batch, extras.num_workers,
-                               extras.persistent_workers) if extras.data == "loader" else \
-            SamplerData(inputs, targets, spec.seed, rank, world_size, self.micro_batch, spec.global_batch)
+        if extras.data == "loader":
+            self.data = LoaderData(inputs, targets, spec.seed, rank, world_size, self.micro_batch, extras.num_workers,
+                                   extras.persistent_workers, extras.loader_state == "per_rank")
+        else:
+            self.data = SamplerData(inputs, targets, spec.seed, rank, world_size, self.micro_batch, spec.global_batch)
         stream_seed = spec.seed + 2 + (rank + 1) * 7919 if distinct else spec.seed + 2
         self.rng = torch.Generator().manual_seed(stream_seed)
         if extras.dropout:  # the stream dropout draws from: the process's own, as nn.Dropout's
             torch.manual_seed(stream_seed + 1)
         # with one stream shared by all ranks, the stream is replicated state like the model
         self.rank_local_keys = (("rng", "torch_rng") if extras.dropout else ("rng",)) if distinct else ()
+        if extras.loader_state == "per_rank":
+            self.rank_local_keys += ("data",)  # each rank's position under its own key
         self._step = 0
 
     @property

@@ -11,6 +11,7 @@ bare model and optimizer lack, each off by default so that a case without option
     num_workers: 2          # loader worker processes (data: loader)
     persistent_workers: true
     epoch_steps: 5          # steps per epoch of the loader's dataset (data: loader)
+    loader_state: per_rank  # each rank's position under its own key, as torchtitan keeps it
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from typing import Any
 OPTIONS_KEY = "workload.options"
 DATA_SOURCES = ("sampler", "loader")
 PRECISIONS = ("bf16", "fp16")
-LOADER_ONLY = ("num_workers", "persistent_workers", "epoch_steps")
+LOADER_ONLY = ("num_workers", "persistent_workers", "epoch_steps", "loader_state")
+LOADER_STATES = ("replicated", "per_rank")
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class TrainingExtras:
     num_workers: int = 0
     persistent_workers: bool = False
     epoch_steps: int = 5
+    loader_state: str = "replicated"
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> TrainingExtras:
@@ -49,7 +52,8 @@ class TrainingExtras:
                    data=str(options.get("data", "sampler")),
                    num_workers=int(options.get("num_workers", 0)),
                    persistent_workers=bool(options.get("persistent_workers", False)),
-                   epoch_steps=int(options.get("epoch_steps", 5)))
+                   epoch_steps=int(options.get("epoch_steps", 5)),
+                   loader_state=str(options.get("loader_state", "replicated")))
 
 
 def option_problem(options: Mapping[str, Any], world_size: int,
@@ -103,6 +107,9 @@ def _value_problem(key: str, value: Any) -> tuple[str, Any, Any] | None:
     elif key == "amp":
         if value not in PRECISIONS:
             return "is not a mixed precision", value, ", ".join(PRECISIONS)
+    elif key == "loader_state":
+        if value not in LOADER_STATES:
+            return "is not a way to keep the loader's position", value, ", ".join(LOADER_STATES)
     elif key == "data":
         if value not in DATA_SOURCES:
             return "is not a data source", value, ", ".join(DATA_SOURCES)

@@ -97,7 +97,7 @@ class ZeroCheckpoint(CheckpointStrategy):
         needs CUDA: no ``amp``), and the trusted state this wrapper reads and restores holds
         parameters only (no ``buffers``); ZeRO-3 keeps each parameter partitioned in the module,
         so the weights' average (``ema``) cannot read them whole."""
-        carried = {"dropout", "data", "num_workers", "persistent_workers", "epoch_steps", "ema", "tied"}
+        carried = {"dropout", "data", "num_workers", "persistent_workers", "epoch_steps", "loader_state", "ema", "tied"}
         return frozenset(carried - {"ema"} if cls.stage == 3 else carried)
 
     @classmethod
