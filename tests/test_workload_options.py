@@ -53,6 +53,11 @@ def test_a_strategy_that_does_not_train_with_an_option_refuses_it_by_name(strate
     assert "does not train with this option" in str(err) and allowed in str(err.allowed), str(err)
 
 
+def test_per_rank_streams_are_refused_where_a_library_trains_its_own_model():
+    err = scenario_error(variant({"strategy": "accelerate", "workload.rank_rng": "distinct"}))
+    assert (err.key, err.value) == ("workload.rank_rng", "distinct"), str(err)
+
+
 def test_options_are_checked_again_at_the_restart_world_size():
     err = scenario_error(variant({"workload.options": {"accumulation": 4}, "workload.global_batch": 16,
                                   "restart.world_size": 8}))

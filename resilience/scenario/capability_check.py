@@ -44,8 +44,13 @@ def micro_step_problem(strategy: StrategySpec, fault: FaultSpec,
 
 def workload_option_problem(strategy: StrategySpec, workload: WorkloadSpec) -> tuple[str, str, str, object] | None:
     """A workload option the strategy, so configured, does not train with or save
-    (`CheckpointStrategy.workload_options`): refused by name rather than ignored."""
-    carried = registry.resolve("strategy", strategy.name).workload_options(strategy.options)
+    (`CheckpointStrategy.workload_options`), or per-rank streams for a library that trains its own
+    model: refused by name rather than ignored."""
+    strategy_cls = registry.resolve("strategy", strategy.name)
+    if strategy_cls.drives_training and workload.rank_rng != "same":
+        return ("workload.rank_rng", f"strategy {strategy.name} trains a model of its own, which draws nothing from "
+                "the workload's streams", workload.rank_rng, "same (the library's own seeding decides the rest)")
+    carried = strategy_cls.workload_options(strategy.options)
     extra = [key for key in workload.options if carried is not None and key not in carried]
     if not extra:
         return None
