@@ -106,7 +106,7 @@ class UntiesAtLoad(PerRankSave):
     def restore_from(self, path: Path | str, workload: Workload) -> None:
         super().restore_from(path, workload)
         seen: set[int] = set()
-        for name, child in list(workload.model.named_children()):
-            if id(child) in seen:
-                setattr(workload.model, name, copy.deepcopy(child))
-            seen.add(id(child))
+        for index, layer in enumerate(list(workload.model)):  # named_children() would skip the repeat
+            if id(layer) in seen:
+                workload.model[index] = copy.deepcopy(layer)
+            seen.add(id(layer))

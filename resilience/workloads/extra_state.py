@@ -70,9 +70,10 @@ class WeightAverage:
         self.average = {name: _full(p).detach().clone() for name, p in model.named_parameters()}
 
     def update(self, model: torch.nn.Module) -> None:
+        parameters = dict(model.named_parameters())  # the ones it averaged from the start, by name
         with torch.no_grad():
-            for name, parameter in model.named_parameters():
-                self.average[name].lerp_(_full(parameter).detach().to(self.average[name].device), 1 - self.decay)
+            for name, average in self.average.items():
+                average.lerp_(_full(parameters[name]).detach().to(average.device), 1 - self.decay)
 
     def state(self) -> dict[str, torch.Tensor]:
         return {name: tensor.clone() for name, tensor in self.average.items()}
