@@ -81,7 +81,21 @@ def test_sharded_state_dict_as_megatron_layers_build_it(one_rank):
     assert moment.key == "optimizer.state.exp_avg.model.layer1.weight"
     assert "step" not in sharded["optimizer"]["state"][0]  # saved once, as Megatron's common_step
     assert float(sharded["common_step"]) == 1.0 and sharded["iteration"] == 1
-    assert set(sharded) == {"model", "optimizer", "common_step", "scheduler", "iteration", "data", "rng"}
+    assert set(sharded) == {"model", "optimizer", "common_step", "scheduler", "iteration", "data", "args", "rng"}
+    assert sharded["args"] == {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1}
+
+
+def test_the_rng_is_left_out_of_a_load_at_another_tensor_or_pipeline_size(one_rank):
+    """Megatron-LM's load_checkpoint rule (core_v0.16.1 checkpointing.py:1559-1570): the RNG is in
+    the load template only where the checkpoint's args name this run's TP and PP (1 where absent)."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install 'resilience[megatron]')")
+    workload = _trained_workload()
+    assert workload.checkpoint_sizes_match({"args": workload.sharded_state_dict()["args"]})
+    assert workload.checkpoint_sizes_match({})  # Megatron-LM takes 1 for a size args lack
+    assert not workload.checkpoint_sizes_match({"args": {"tensor_model_parallel_size": 2}})
+    assert not workload.checkpoint_sizes_match({"args": {"pipeline_model_parallel_size": 3}})
+    template = workload.sharded_state_dict(loading=True, with_rng=False)
+    assert "rng" not in template and "args" in template
 
 
 ROUND_TRIP = """

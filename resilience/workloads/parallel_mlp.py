@@ -199,12 +199,21 @@ class TensorParallelMLP(Workload):
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), **self.progress_state()}
 
-    def sharded_state_dict(self, loading: bool = False) -> dict[str, Any]:
+    def sharded_state_dict(self, loading: bool = False, with_rng: bool = True) -> dict[str, Any]:
         """This rank's state as megatron-core's dist_checkpointing saves and loads it
-        (``parallel_mlp_sharded``); ``loading``: a template to load into."""
+        (``parallel_mlp_sharded``); ``loading``: a template to load into, ``with_rng`` False:
+        without the RNG."""
         from .parallel_mlp_sharded import sharded_state_dict
 
-        return sharded_state_dict(self, loading)
+        return sharded_state_dict(self, loading, with_rng)
+
+    def checkpoint_sizes_match(self, common: dict[str, Any]) -> bool:
+        """Whether a checkpoint's common state names this workload's tensor- and pipeline-parallel
+        sizes (Megatron-LM takes 1 where ``args`` lacks them)."""
+        from .parallel_mlp_sharded import parallel_sizes
+
+        saved = common.get("args", {})
+        return all(saved.get(key, 1) == size for key, size in parallel_sizes(self.topology).items())
 
     def load_sharded(self, loaded: dict[str, Any]) -> None:
         """Restore what ``dist_checkpointing.load`` gave back for ``sharded_state_dict(loading=True)``."""

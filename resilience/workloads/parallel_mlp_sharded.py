@@ -18,7 +18,11 @@ and ``make_sharded_tensor_for_checkpoint``; ``megatron/core/optimizer/optimizer.
   rank's state (gathered over the data-parallel group) with per-rank streams, as with
   ``--data-parallel-random-init``, and the one replicated state otherwise; a load takes entry
   ``dp_rank`` or entry 0 (lines 1859-1862): a restart with more data-parallel ranks than the
-  checkpoint has entries fails as Megatron-LM does (IndexError).
+  checkpoint has entries fails as Megatron-LM does (IndexError). A restart at another tensor- or
+  pipeline-parallel size leaves the RNG out of its template, as Megatron-LM's ``load_checkpoint``
+  does after comparing the sizes in the common state's ``args`` (lines 1542-1570: "(TP, PP)
+  mismatch after resume ...: RNG state will be ignored", printed on rank 0): the restart keeps the
+  stream it was seeded with.
 
 megatron-core is imported only here, inside the functions: the workload itself never needs it.
 The workload (``parallel_mlp.TensorParallelMLP``) calls these from its ``sharded_state_dict``.
@@ -32,9 +36,10 @@ import torch
 ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
-def sharded_state_dict(workload: Any, loading: bool = False) -> dict[str, Any]:
+def sharded_state_dict(workload: Any, loading: bool = False, with_rng: bool = True) -> dict[str, Any]:
     """This rank's sharded state dict; ``loading``: with zeroed Adam moments of the right shapes
-    (a fresh process has none yet, as Megatron's ``init_state_fn`` fills them before a load)."""
+    (a fresh process has none yet, as Megatron's ``init_state_fn`` fills them before a load);
+    ``with_rng`` False: a load template without the RNG (another TP or PP size than the checkpoint's)."""
     from megatron.core.dist_checkpointing import ShardedTensor
     from megatron.core.dist_checkpointing.optimizer import (
         get_param_id_to_sharded_param_map,
@@ -60,10 +65,19 @@ def sharded_state_dict(workload: Any, loading: bool = False) -> dict[str, Any]:
         raise ValueError(f"the optimizer step differs per parameter: {sorted(steps)}")
     id_map = get_param_id_to_sharded_param_map(model, params)
     optim_state_to_sharding_state(optimizer, id_map, exclude_keys=("step",))
-    return {"model": model, "optimizer": optimizer,
-            "common_step": torch.tensor(steps.pop() if steps else 0.0),
-            "scheduler": workload.scheduler.state_dict(), "iteration": workload.step,
-            "data": workload.sampler.state(), "rng": rng_state(workload, loading)}
+    state = {"model": model, "optimizer": optimizer,
+             "common_step": torch.tensor(steps.pop() if steps else 0.0),
+             "scheduler": workload.scheduler.state_dict(), "iteration": workload.step,
+             "data": workload.sampler.state(), "args": parallel_sizes(topology)}
+    if with_rng:
+        state["rng"] = rng_state(workload, loading)
+    return state
+
+
+def parallel_sizes(topology: Any) -> dict[str, int]:
+    """The sizes Megatron-LM keeps in its common state's ``args`` and compares at load (a dict
+    here, not an ``argparse.Namespace``, so ``common.pt`` loads with ``weights_only=True``)."""
+    return {"tensor_model_parallel_size": topology.tp, "pipeline_model_parallel_size": topology.pp}
 
 
 def rng_state(workload: Any, loading: bool) -> Any:
@@ -91,4 +105,5 @@ def state_from_loaded(workload: Any, loaded: dict[str, Any]) -> dict[str, Any]:
             "optimizer": {"state": state if float(step) > 0 else {},
                           "param_groups": loaded["optimizer"]["param_groups"]},
             "scheduler": loaded["scheduler"], "step": int(loaded["iteration"]), "data": loaded["data"],
-            "rng": loaded["rng"][workload.coords.dp if workload.rank_local_keys else 0]}
+            "rng": (loaded["rng"][workload.coords.dp if workload.rank_local_keys else 0] if "rng" in loaded
+                    else workload.rng.get_state())}

@@ -27,7 +27,9 @@ would need two more stubs (``device_count``, ``set_device``) in a process the ra
 Load (``load_checkpoint``, 1120-1130): the tracker (missing: start from random; not an integer:
 ``sys.exit()``, as ``read_metadata``), its maximum over ranks, ``dist_checkpointing.load`` of the
 template ``sharded_state_dict`` with the ``strict`` handling (``--dist-ckpt-strictness``, default
-``assume_ok_unexpected``), which reshards to this phase's tensor-, pipeline- and data-parallel sizes.
+``assume_ok_unexpected``), which reshards to this phase's tensor-, pipeline- and data-parallel sizes;
+at another tensor- or pipeline-parallel size than the common state's ``args`` the template leaves
+the RNG out (1542-1570, "RNG state will be ignored").
 
 ``fully_parallel: true`` wraps the save strategy in ``FullyParallelSaveStrategyWrapper`` over the
 data-parallel group (each replica's shards spread over its data-parallel ranks) and the load in
@@ -42,6 +44,7 @@ CPU: where CUDA is absent the rank stubs ``torch.cuda.synchronize`` and ``torch.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -145,7 +148,12 @@ class MegatronCoreCheckpoint(CheckpointStrategy):
         if iteration is None:
             return
         directory = str(iteration_dir(self.context.checkpoint_dir, iteration))
-        loaded = dist_checkpointing.load(workload.sharded_state_dict(loading=True), directory,
+        # Megatron-LM reads the common state first and leaves the RNG out at another TP or PP size
+        with_rng = workload.checkpoint_sizes_match(dist_checkpointing.load_common_state_dict(directory))
+        if not with_rng and self.context.rank == 0:
+            print(f"(TP, PP) mismatch after resume ({workload.topology.tp}, {workload.topology.pp} "
+                  "vs the checkpoint's): RNG state will be ignored", file=sys.stderr, flush=True)
+        loaded = dist_checkpointing.load(workload.sharded_state_dict(loading=True, with_rng=with_rng), directory,
                                          self._load_strategy(directory),
                                          strict=self.context.options.get("strict", "assume_ok_unexpected"))
         workload.load_sharded(loaded)
