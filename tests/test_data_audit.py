@@ -31,8 +31,8 @@ def reference_steps(last: int = 12) -> dict[int, list[int]]:
 def test_a_restore_that_resumes_the_data_order_finds_nothing():
     reference = reference_steps()
     restart = {s: v for s, v in reference.items() if s > 6}
-    assert data_audit.audit(phase("reference", reference), phase("first_run", reference),
-                            phase("restart", restart), 6) == []
+    assert data_audit.audit(phase("reference", reference), [phase("first_run", reference),
+                            phase("restart", restart)], [6]) == []
 
 
 def test_a_restore_that_replays_its_epoch_names_the_samples_trained_twice_and_never():
@@ -42,12 +42,32 @@ def test_a_restore_that_replays_its_epoch_names_the_samples_trained_twice_and_ne
     replay = ShuffledSampler(0, DATASET, GLOBAL_BATCH)
     replay.load({"epoch": 1, "position": 0})
     restart = sampler_steps(replay, 7, 12)
-    found = data_audit.audit(phase("reference", reference), phase("first_run", reference), phase("restart", restart), 6)
+    found = data_audit.audit(phase("reference", reference), [phase("first_run", reference), phase("restart", restart)],
+                             [6])
     epoch_1 = reference[5] + reference[6]
     assert found[0].startswith("data: after the restore at step 6, 16 samples at positions 0..15 of epoch 1 "
                                "were trained twice (dataset indices " + ", ".join(map(str, epoch_1[:4])))
     assert "16 samples at positions 16..31 of epoch 1 were never trained" in found[1]
     assert any("of epoch 2 were never trained" in line for line in found)
+
+
+def test_over_a_timeline_each_launch_goes_on_from_the_step_it_restored():
+    """Three launches: the first run to step 5 (killed there), a restart from step 4 killed at
+    step 9, a last launch from step 8 whose sampler lost the epoch position: only that launch's
+    replay is named, with both restores in the finding."""
+    reference = reference_steps()
+    restart = {s: v for s, v in reference.items() if 4 < s <= 9}
+    assert data_audit.audit(phase("reference", reference), [phase("first_run", {s: reference[s] for s in range(1, 6)}),
+                            phase("restart", restart), phase("restart_2", {s: reference[s] for s in range(9, 13)})],
+                            [4, 8]) == []
+    replay = ShuffledSampler(0, DATASET, GLOBAL_BATCH)
+    replay.load({"epoch": 2, "position": 0})
+    found = data_audit.audit(phase("reference", reference), [phase("first_run", reference),
+                             phase("restart", restart), phase("restart_2", sampler_steps(replay, 10, 12))], [4, 9])
+    assert found == [f"data: after the restores at steps 4, 9, 8 samples at positions 0..7 of epoch 2 were trained "
+                     f"twice (dataset indices {', '.join(map(str, reference[9][:4]))}, ...)",
+                     "data: after the restores at steps 4, 9, 8 samples at positions 24..31 of epoch 2 were never "
+                     f"trained (dataset indices {', '.join(map(str, reference[12][:4]))}, ...)"]
 
 
 def test_epochs_are_cut_where_the_reference_repeats_a_sample():
@@ -58,14 +78,14 @@ def test_epochs_are_cut_where_the_reference_repeats_a_sample():
 
 def test_no_audit_without_samples_or_a_completed_restart():
     reference = reference_steps()
-    assert data_audit.audit(phase("reference", reference), phase("first_run", reference),
-                            phase("restart", {7: reference[7]}, status="failed"), 6) == []
+    assert data_audit.audit(phase("reference", reference), [phase("first_run", reference),
+                            phase("restart", {7: reference[7]}, status="failed")], [6]) == []
     bare = phase("reference", reference)
     bare = PhaseResult(name="reference", world_size=2, status="completed", first_error=None, fault_events=(),
                        elapsed_s=0.0, ranks=tuple(RankRecord(rank=r.rank, returncode=0, stdout_tail="", stderr_tail="",
                                                              events=tuple({k: v for k, v in e.items() if k != "samples"}
                                                                           for e in r.events)) for r in bare.ranks))
-    assert data_audit.audit(bare, bare, bare, 6) == []
+    assert data_audit.audit(bare, [bare, bare], [6]) == []
 
 
 def test_the_mlp_workload_reports_the_rows_it_gathered():

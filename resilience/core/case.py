@@ -85,6 +85,17 @@ class RestartSpec:
 
 
 @dataclass(frozen=True)
+class Incarnation:
+    """One launch of the job after the first run, restoring from what the launches before it
+    saved: where it runs (``restart``) and the fault armed in it (kind ``none``: it runs on)."""
+    restart: RestartSpec
+    fault: FaultSpec
+
+
+NO_FAULT = FaultSpec(kind="none", trigger=None)
+
+
+@dataclass(frozen=True)
 class Expect:
     outcome: Outcome
     error: str | None  # regex searched in "Type: message" of the first loud error
@@ -128,6 +139,23 @@ class Case:
     document: Mapping[str, Any]  # the case as a plain scenario document, for replay and for workers
     topology: Topology | None = None  # of the reference and the first run (None: one node, pure DP)
     object_store: str | None = None  # "s3": checkpoints go to a bucket of the case's own (None: a directory)
+    # a scenario's ``timeline``: every launch after the first run (``restart`` is the first of them);
+    # empty: the one restart, with no fault of its own
+    timeline: tuple[Incarnation, ...] = ()
+
+    @property
+    def incarnations(self) -> tuple[Incarnation, ...]:
+        """The launches after the first run, in order: the timeline's, or the one restart."""
+        return self.timeline or (Incarnation(restart=self.restart, fault=NO_FAULT),)
+
+    def incarnation_document(self, index: int) -> dict[str, Any]:
+        """The case as launch ``index`` of its timeline (0: the first run) runs it: a plain case
+        document with that launch's fault, and its placement as the restart, for its ranks to read."""
+        entries = self.document["timeline"]
+        doc = {key: value for key, value in self.document.items() if key != "timeline"}
+        doc["fault"] = entries[index].get("fault", "none")
+        doc["restart"] = {key: value for key, value in entries[max(index, 1)].items() if key != "fault"}
+        return doc
 
     @property
     def placement(self) -> Topology:

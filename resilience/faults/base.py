@@ -47,6 +47,10 @@ class Fault(HarnessSide, RankSide):
     #: validator checks them once, at load, against ``CheckpointStrategy.capabilities_for(options)``
     #: and refuses a case whose strategy lacks one
     requires: ClassVar[frozenset[Capability]] = frozenset()
+    #: whether a timeline may arm the fault in a launch after the first run: it acts from its
+    #: trigger alone, inside that launch (no first-run-only setup, heal or findings); read by the
+    #: scenario validator
+    in_timelines: ClassVar[bool] = False
 
     def __init__(self, spec: FaultSpec):
         self.spec = spec

@@ -8,5 +8,6 @@ class NoFault(Fault):
     """Nothing goes wrong; the restart still restores from the newest checkpoint and is verified."""
 
     kind = "none"
+    in_timelines = True
     needs_trigger = False
     on_objects = True

@@ -63,15 +63,19 @@ def spans(positions: Iterable[int]) -> str:
     return ", ".join(f"{a}..{b}" if a != b else f"{a}" for a, b in out)
 
 
-def audit(reference: PhaseResult, first_run: PhaseResult, restart: PhaseResult, restored_step: int) -> list[str]:
+def audit(reference: PhaseResult, runs: list[PhaseResult], restored_steps: list[int]) -> list[str]:
     """SILENT findings: the samples of each reference epoch that the job trained twice or never,
     and those it trained in that epoch's steps although the reference's epoch does not hold them.
-    Empty where the phases did not record their samples or the restart did not complete."""
-    expected, before, after = step_samples(reference), step_samples(first_run), step_samples(restart)
-    if expected is None or before is None or after is None or restart.status != "completed":
+    ``runs``: the first run and every launch after it; ``restored_steps``: the step each launch
+    after the first restored. Empty where a run did not record its samples or the last launch did
+    not complete."""
+    expected, launches = step_samples(reference), [step_samples(run) for run in runs]
+    if expected is None or None in launches or runs[-1].status != "completed":
         return []
-    history = {step: s for step, s in before.items() if step <= restored_step}
-    history.update({step: s for step, s in after.items() if step > restored_step})
+    history: dict[int, list[int]] = {}  # what each restored state went on from: later launches win
+    for samples, restored_step in zip(launches, [0, *restored_steps], strict=True):
+        history = {step: s for step, s in history.items() if step <= restored_step}
+        history.update({step: s for step, s in samples.items() if step > restored_step})
     if not set(expected) <= set(history):
         return []
     found = []
@@ -81,7 +85,8 @@ def audit(reference: PhaseResult, first_run: PhaseResult, restart: PhaseResult, 
         twice = [s for s in order if trained[s] > 1]
         never = [s for s in order if trained[s] == 0]
         foreign = sorted(s for s in trained if s not in position)
-        where = f"after the restore at step {restored_step}"
+        where = (f"after the restore at step {restored_steps[0]}" if len(restored_steps) == 1 else
+                 f"after the restores at steps {', '.join(map(str, restored_steps))}")
         for samples, what in ((twice, "were trained twice"), (never, "were never trained")):
             if samples:
                 found.append(f"data: {where}, {len(samples)} samples at positions "

@@ -5,41 +5,85 @@ harness tears the group down at the first rank failure, before anyone's deadline
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..core.case import Case
-from ..core.records import PhaseResult, Verdict
+from ..core.records import Divergence, PhaseResult, Verdict
 from . import data_audit, rules
 
 
 def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: PhaseResult,
           continuation: PhaseResult | None = None, fault_findings: tuple[str, ...] = (),
-          fault_notes: tuple[str, ...] = (), intact_step: int | None = None) -> Verdict:
+          fault_notes: tuple[str, ...] = (), intact_step: int | None = None,
+          later: tuple[PhaseResult, ...] = ()) -> Verdict:
     """``fault_findings``: what the fault itself found (`Fault.findings`), each one SILENT;
     ``fault_notes``: what it did, in words (`Fault.notes`), listed last; ``intact_step``: after a
-    refused restore, an older checkpoint proven intact (`resilience.run.availability`)."""
+    refused restore, an older checkpoint proven intact (`resilience.run.availability`); ``later``:
+    a timeline's launches after the restart, each judged as the restart is, against the reference."""
     silent: list[str] = list(fault_findings)
-    notes: list[str] = []
-    state_diff: list[str] = []
     reference_losses = reference.losses(0)
-    later = [p for p in (first_run, restart, continuation) if p is not None]
-    hung = next((p.name for p in later if p.status == "deadline"), None)
-    first_error = next((p.first_error for p in later if p.first_error), None)
+    runs = [first_run, restart, *later]
+    judged = [p for p in (first_run, restart, continuation, *later) if p is not None]
+    hung = next((p.name for p in judged if p.status == "deadline"), None)
+    first_error = next((p.first_error for p in judged if p.first_error), None)
 
     divergence, found = rules.first_run_divergence(
         {rank: first_run.losses(rank) for rank in range(first_run.world_size)}, reference_losses)
     silent += found
+    hops = [_restore_hop(case, reference, continuation if index == 1 else None, runs[:index], runs[index])
+            for index in range(1, len(runs))]
+    for number, hop in enumerate(hops, 2):  # the first run is launch 1
+        silent += [f"launch {number} ({hop.phase}): {line}" for line in hop.silent] if later else hop.silent
+        divergence = divergence or hop.divergence
+    restored_steps = [hop.restored_step for hop in hops]
+    if None not in restored_steps:  # which samples the job trained, against the reference's epochs
+        silent += data_audit.audit(reference, runs, restored_steps)
+    notes = [line for hop in hops for line in hop.notes]
+    wrong = next((hop for hop in hops if hop.silent), hops[0])
+    hang_lines = next(([f"phase {hung} passed its {case.timeouts.phase_s:g} s deadline", *p.hang_summary]
+                       for p in judged if p.name == hung), [])
+    return Verdict(kind=rules.worst(silent, hung, first_error),
+                   findings=rules.findings(silent, hang_lines, first_error, rules.intact_notes(intact_step) + notes
+                                           + list(fault_notes)), first_error=first_error, intact_step=intact_step,
+                   restored_step=wrong.restored_step, complete_step=wrong.complete, divergence=divergence,
+                   hung_phase=hung, state_diff=tuple(d for hop in hops for d in hop.state_diff))
 
-    saved: dict[int, set[int]] = {}
-    for event in first_run.events("save_returned"):
-        saved.setdefault(event["step"], set()).add(event["rank"])
-    complete = rules.newest_complete_save(saved, first_run.world_size)
-    restored = restart.restored()
+
+@dataclass(frozen=True)
+class RestoreHop:
+    """What one launch's restore says: its SILENT findings and notes, the state entries that differ,
+    the first loss that diverged after it, the step it restored and the newest complete one."""
+    phase: str
+    silent: tuple[str, ...]
+    notes: tuple[str, ...]
+    state_diff: tuple[str, ...]
+    divergence: Divergence | None
+    restored_step: int | None
+    complete: int
+
+
+def _restore_hop(case: Case, reference: PhaseResult, continuation: PhaseResult | None,
+                 before: list[PhaseResult], run: PhaseResult) -> RestoreHop:
+    """``run``'s restore from what the launches ``before`` it saved: the newest save that returned
+    on every rank of one launch, the state restored against the oracle's, every later loss."""
+    silent: list[str] = []
+    notes: list[str] = []
+    state_diff: list[str] = []
+    divergence = None
+    complete = 0
+    for earlier in before:
+        saved: dict[int, set[int]] = {}
+        for event in earlier.events("save_returned"):
+            saved.setdefault(event["step"], set()).add(event["rank"])
+        complete = max(complete, rules.newest_complete_save(saved, earlier.world_size))
+    restored = run.restored()
     restored_step = restored[0]["step"] if 0 in restored else None
-    if restart.status == "completed" or len(restored) == restart.world_size:
+    if run.status == "completed" or len(restored) == run.world_size:
         found, notes = rules.restore_findings({rank: e["step"] for rank, e in restored.items()}, complete,
                                               case.expect.fallback_ok, "its state is verified below")
         silent += found
         oracle = continuation if case.continuation_is_oracle else reference
-        if case.software_changes and ended_as_reference(case, reference, restart):
+        if case.software_changes and ended_as_reference(case, reference, run):
             oracle = reference  # other software that went on bit for bit as the saving one: the reference's end
         for rank, event in sorted(restored.items()):
             expected = expected_state(oracle, rank, event["step"])
@@ -55,23 +99,13 @@ def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: P
                               f"reference in {len(differing)} entries: {', '.join(differing[:6])}"
                               + (" ..." if len(differing) > 6 else ""))
         if oracle is not None and restored_step is not None:
-            oracle_losses = reference_losses if oracle is reference else oracle.losses(0)
-            after, found = rules.after_restore_divergence(
-                {rank: restart.losses(rank) for rank in range(restart.world_size)}, oracle_losses,
-                restored_step, restart.name)
-            divergence = divergence or after
+            oracle_losses = reference.losses(0) if oracle is reference else oracle.losses(0)
+            divergence, found = rules.after_restore_divergence(
+                {rank: run.losses(rank) for rank in range(run.world_size)}, oracle_losses, restored_step, run.name)
             silent += found
-        if restored_step is not None:  # which samples the job trained, against the reference's epochs
-            silent += data_audit.audit(reference, first_run, restart, restored_step)
-    silent += rules.foreign_reads(restart)
-
-    hang_lines = next(([f"phase {hung} passed its {case.timeouts.phase_s:g} s deadline", *p.hang_summary]
-                       for p in later if p.name == hung), [])
-    return Verdict(kind=rules.worst(silent, hung, first_error),
-                   findings=rules.findings(silent, hang_lines, first_error, rules.intact_notes(intact_step) + notes
-                                           + list(fault_notes)), first_error=first_error, intact_step=intact_step,
-                   restored_step=restored_step, complete_step=complete, divergence=divergence, hung_phase=hung,
-                   state_diff=tuple(state_diff))
+    silent += rules.foreign_reads(run)
+    return RestoreHop(phase=run.name, silent=tuple(silent), notes=tuple(notes), state_diff=tuple(state_diff),
+                      divergence=divergence, restored_step=restored_step, complete=complete)
 
 
 def ended_as_reference(case: Case, reference: PhaseResult, restart: PhaseResult) -> bool:

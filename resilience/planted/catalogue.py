@@ -19,6 +19,7 @@ from ..core.case import VerdictKind
 TWIN, STATE_BUG, STORAGE_BUG, ASYNC_BUG = ("resilience.planted.durable:", "resilience.planted.state_bugs:",
                                            "resilience.planted.storage_bugs:", "resilience.planted.async_bugs:")
 WORKLOAD_BUG = "resilience.planted.workload_bugs:"
+TIMELINE_BUG = "resilience.planted.timeline_bugs:"
 RECOVERED, LOUD = VerdictKind.RECOVERED, VerdictKind.LOUD
 TWO_RANKS = {"model": "mlp", "world_size": 2, "steps": 12, "checkpoint_every": 4, "seed": 0}
 # the state of a real job: dropout on per-rank streams, an EMA, two micro-batches a step, fp16 with a
@@ -61,6 +62,14 @@ CATCHERS: tuple[Catcher, ...] = (
             "streams: the restart must resume from step 8 with every rank's own state",
             {"workload": {**TWO_RANKS, "rank_rng": "distinct"},
              "fault": {"kind": "kill", "rank": 1, "step": 10, "phase": "train"},
+             "timeouts": {"phase": 60}},
+            frozenset({RECOVERED})),
+    Catcher("second_resume", "three launches: rank 1 SIGKILLed at step 6, the restart (from step 4) saves step 8 "
+            "and rank 0 is SIGKILLed at step 10, the third launch restores the restart's own step-8 save: a save "
+            "made after a resume must be as good as the first run's",
+            {"workload": {**TWO_RANKS, "rank_rng": "distinct"},
+             "timeline": [{"fault": {"kind": "kill", "rank": 1, "step": 6, "phase": "train"}},
+                          {"fault": {"kind": "kill", "rank": 0, "step": 10, "phase": "train"}}, {}],
              "timeouts": {"phase": 60}},
             frozenset({RECOVERED})),
     Catcher("full_state_kill", "rank 1 SIGKILLed between the two micro-batches of step 10 (checkpoints at 4 "
@@ -192,6 +201,15 @@ BUGS: tuple[PlantedBug, ...] = (
                "place is written stale", WORKLOAD_BUG + "CachesModelStateDict", "full_state_kill", PER_RANK),
     PlantedBug("tied_weights_untied", "tied weights loaded into two parameters (assign=True): one stops training",
                WORKLOAD_BUG + "UntiesAtLoad", "full_state_kill", PER_RANK),
+    PlantedBug("held_tensors_saved_after_load", "a load that replaces the tensors a save still references "
+               "(assign=True): every save after a resume writes the weights from before it",
+               TIMELINE_BUG + "SavesTensorsHeldBeforeLoad", "second_resume", PER_RANK),
+    PlantedBug("data_position_reset_on_second_resume", "the loader reports the state it was restored with until "
+               "re-iterated: restored on the first resume, the same position again on the second",
+               TIMELINE_BUG + "KeepsLoadedDataPosition", "second_resume", PER_RANK),
+    PlantedBug("loaded_state_cached_for_saves", "the restored state dict kept as the save cache, its tensors "
+               "never refreshed: saves after a resume write the restored step's weights",
+               TIMELINE_BUG + "CachesLoadedState", "second_resume", PER_RANK),
     PlantedBug("loads_by_local_rank", "shards loaded by local rank instead of global rank",
                STATE_BUG + "LoadsByLocalRank", "two_nodes", PER_RANK),
     PlantedBug("reshard_zero_fill", "resharding that zero-fills part of a tensor",

@@ -5,6 +5,7 @@ first rank failure (as torchrun does) and on any exception in the harness itself
 """
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -83,9 +84,8 @@ class Harness:
             if store is not None:
                 store.record_contents(FIRST_RUN)  # what the fault left in the bucket, before the restart
             fault.heal(env)
-            restart = self.run_phase(plan.make(RESTART, case.restart.world_size, "strategy", save=True,
-                                            rank_map=case.restart.rank_map, topology=case.restart.placement), case,
-                                  backend=backend_for_restart(case))
+            launches = self._launches(case, plan, env)
+            restart, later = launches[0], launches[1:]
             phases.append(restart)
             restored = restart.restored()
             if case.continuation_is_oracle and 0 in restored and snapshots is not None and not (
@@ -102,14 +102,44 @@ class Harness:
                 backend=backend_for_restart(case)))  # the restart's own software: could it have restored it?
             found = fault.findings(env, tuple(phases))
             noted = fault.notes(env, tuple(phases))
+            phases += later
         finally:
             try:
                 fault.teardown(env)
             finally:
                 if store is not None:
                     store.stop()  # the bucket, the proxy and the server go with the case
-        verdict = judge(case, *phases, fault_findings=found, fault_notes=noted, intact_step=intact_step)
+        judged = phases[:len(phases) - len(later)]
+        verdict = judge(case, *judged, fault_findings=found, fault_notes=noted, intact_step=intact_step,
+                        later=tuple(later))
         return CaseResult(case=case, verdict=verdict, phases=tuple(phases) + probes, work_dir=work_dir)
+
+    def _launches(self, case: Case, plan: "_Planner", env: CaseEnvironment) -> list[PhaseResult]:
+        """The restart, then each later launch of the case's timeline (`Case.incarnations`), each
+        from the checkpoints of the launches before it, with its own fault armed; a launch that
+        fails other than by its fault ends the job there."""
+        launches: list[PhaseResult] = []
+        for index, incarnation in enumerate(case.incarnations, 1):
+            case_file = None
+            if case.timeline:  # its ranks read the case as this launch runs it
+                case_file = plan.work_dir / f"case_{index}.json"
+                case_file.write_text(json.dumps({"source": case.source, "id": case.id,
+                                                 "document": case.incarnation_document(index)}))
+            fault = registry.resolve("fault", incarnation.fault.kind)(incarnation.fault)
+            fault.setup(env)  # a launch's own fault (`Fault.in_timelines`: no first-run setup or heal)
+            try:
+                launch = self.run_phase(plan.make(
+                    launch_name(index), incarnation.restart.world_size, "strategy", save=True,
+                    inject=incarnation.fault.kind != "none", rank_map=incarnation.restart.rank_map,
+                    topology=incarnation.restart.placement, case_file=case_file,
+                    foreign=tuple(str(plan.work_dir / launch_name(i)) for i in range(1, index))), case,
+                    supervisor=fault if fault.supervises else None, backend=backend_for_restart(case))
+            finally:
+                fault.teardown(env)
+            launches.append(launch)
+            if launch.status not in ("completed", "fault_killed"):
+                break
+        return launches
 
     def _reference(self, case: Case, plan: "_Planner") -> tuple[PhaseResult, Path | None]:
         """The reference phase and its snapshot directory (only kept where a continuation is the oracle)."""
@@ -160,10 +190,13 @@ class _Planner:
     def make(self, name: str, world_size: int, start: str, *, save: bool = False, inject: bool = False,
              record_states: bool = False, snapshot_dir: Path | None = None, snapshot_step: int | None = None,
              rank_map: tuple[int, ...] | None = None, phase_dir: Path | None = None,
-             topology: Topology | None = None) -> PhasePlan:
+             topology: Topology | None = None, case_file: Path | None = None,
+             foreign: tuple[str, ...] = ()) -> PhasePlan:
+        """``case_file``: the case as this phase runs it (a timeline's launch); ``foreign``: more
+        directories of earlier launches that a restoring phase must not need."""
         phase_dir = phase_dir or self.work_dir / name
         return PhasePlan(
-            name=name, case_file=str(self.case_file), world_size=world_size,
+            name=name, case_file=str(case_file or self.case_file), world_size=world_size,
             store_path=str(phase_dir / "store"), checkpoint_dir=str(self.checkpoint_dir),
             phase_dir=str(phase_dir), start=start, save=save,
             inject=inject, record_states=record_states,
@@ -172,4 +205,9 @@ class _Planner:
             collective_timeout_s=self.case.timeouts.collective_s,
             topology=(topology or self.placement(name)).as_dict(), object_store=self.object_store,
             # a phase that restores from the checkpoint must find everything in it
-            foreign_roots=(str(self.work_dir / FIRST_RUN),) if start in ("strategy", "step") else ())
+            foreign_roots=(str(self.work_dir / FIRST_RUN), *foreign) if start in ("strategy", "step") else ())
+
+
+def launch_name(index: int) -> str:
+    """The phase name of launch ``index`` after the first run: ``restart``, ``restart_2``, ..."""
+    return RESTART if index == 1 else f"{RESTART}_{index}"

@@ -100,6 +100,11 @@ class Validator:
         self.found_any = True
         self.problems.add(error, self.where)
 
+    def rerooted(self, renames: dict[str, str]) -> "Validator":
+        """This validator for a section checked at another place: a key path whose first part is
+        in ``renames`` is named from there (``fault.step`` -> ``timeline.2.fault.step``)."""
+        return RerootedValidator(self, renames)
+
     def section(self, name: str, check: Callable[..., Any], *args: Any) -> Any:
         """``check(*args)``, or None with its problem noted and ``name`` marked failed."""
         try:
@@ -202,6 +207,22 @@ class Validator:
         except Exception as exc:  # the module exists but raised while being imported
             raise self.error(key, f"importing {kind} {name!r} raised {type(exc).__name__}: {exc}",
                              name, allowed) from exc
+
+
+class RerootedValidator(Validator):
+    """`Validator.rerooted`: the same checks and problems, with renamed key paths."""
+
+    def __init__(self, parent: Validator, renames: dict[str, str]):
+        super().__init__(parent.source, parent.where, parent.problems)
+        self.failed, self.parent, self.renames = parent.failed, parent, renames
+
+    def error(self, key: str, problem: str, value: Any = None, allowed: Any = None) -> ScenarioError:
+        first, dot, rest = key.partition(".")
+        return super().error(self.renames[first] + dot + rest if first in self.renames else key,
+                             problem, value, allowed)
+
+    def note(self, error: ScenarioError) -> None:
+        self.parent.note(error)
 
 
 def _join(prefix: str, key: str) -> str:

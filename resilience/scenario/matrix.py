@@ -131,16 +131,25 @@ def check_key_path(source: str, key_path: Any, where: str = "matrix", top_keys: 
 
 
 def set_path(source: str, doc: dict, key_path: str, value: Any) -> None:
-    """Set ``doc``'s ``key_path`` to a copy of ``value``, through the short forms (`fault: kill`)."""
+    """Set ``doc``'s ``key_path`` to a copy of ``value``, through the short forms (`fault: kill`)
+    and into lists by index (``timeline.1.fault.step``: the entry must exist)."""
     parts = key_path.split(".")
-    node = doc
-    for depth, part in enumerate(parts[:-1]):
-        child = node.get(part)
+    node: Any = doc
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ScenarioError(source, f"matrix.{key_path}", f"{'.'.join(parts[:depth])} has no entry {part}",
+                                    part, f"0..{len(node) - 1}")
+            part = int(part)
+        elif not isinstance(node, dict):
+            raise ScenarioError(source, f"matrix.{key_path}", f"{'.'.join(parts[:depth])} is not a mapping", node)
+        if last:
+            node[part] = copy.deepcopy(value)
+            return
+        child = node[part] if isinstance(node, list) else node.get(part)
         if child is None:
             child = node[part] = {}
-        elif isinstance(child, str) and depth == 0 and part in SHORT_FORMS:
+        elif isinstance(child, str) and part in SHORT_FORMS and (depth == 0 or part == "fault"):
             child = node[part] = {SHORT_FORMS[part]: child}
-        if not isinstance(child, dict):
-            raise ScenarioError(source, f"matrix.{key_path}", f"{'.'.join(parts[:depth + 1])} is not a mapping", child)
         node = child
-    node[parts[-1]] = copy.deepcopy(value)

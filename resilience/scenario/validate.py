@@ -41,6 +41,7 @@ from .schema import (
     TRIGGER_KEYS,
     WORKLOAD_KEYS,
 )
+from .timeline import check_timeline
 
 
 def check_case(document: Any, source: str, case_id: str = "", where: str = "",
@@ -59,12 +60,23 @@ def check_case(document: Any, source: str, case_id: str = "", where: str = "",
     strategy = v.section("strategy", check_strategy, v, doc.get("strategy"))
     workload = v.section("workload", check_workload, v, doc.get("workload"))
     topology = fault = restart = None
+    timeline: tuple = ()
+    if "timeline" in doc:
+        for beside in ("fault", "restart"):
+            if beside in doc:
+                v.note(v.error(beside, "beside a timeline: each launch's fault and placement go in its entry",
+                               doc.pop(beside), "timeline.0.fault" if beside == "fault" else "timeline.1"))
     if v.ok("workload"):
         model_parallel = registry.resolve("workload", workload.model).model_parallel
         topology = v.section("topology", check_topology, v, "topology",
                              doc.get("topology", {} if model_parallel else None), workload.world_size, workload)
-        fault = v.section("fault", check_fault, v, doc.get("fault", {"kind": "none"}), workload)
-        if v.ok("topology"):
+        if "timeline" in doc:
+            if v.ok("topology"):
+                fault, restart, timeline = v.section("timeline", check_timeline, v, doc["timeline"], workload,
+                                                     topology, check_fault) or (None, None, ())
+        else:
+            fault = v.section("fault", check_fault, v, doc.get("fault", {"kind": "none"}), workload)
+        if v.ok("topology") and "timeline" not in doc:
             restart = v.section("restart", check_restart, v, doc.get("restart", {}), workload, topology)
     if strategy is not None and fault is not None:
         problem = capability_problem(strategy, fault.kind) or micro_step_problem(strategy, fault, workload) \
@@ -88,7 +100,7 @@ def check_case(document: Any, source: str, case_id: str = "", where: str = "",
     return Case(id=case_id or "case", source=source, name=name, description=description, tier=tier,
                 strategy=strategy, workload=workload, fault=fault, restart=restart, expect=expect,
                 known_issue=known_issue, timeouts=timeouts, document=doc, topology=topology,
-                object_store=object_store)
+                object_store=object_store, timeline=timeline)
 
 
 def check_expectations(v: Validator, doc: dict) -> tuple[Expect | None, KnownIssue | None, Timeouts | None]:

@@ -51,6 +51,7 @@ class Crash(Fault, WriteListener):
     """
 
     kind = "crash"
+    in_timelines = True
     params = {"how": (HOWS, "segfault"), "process": (("rank", "helper"), "rank")}
 
     @classmethod
