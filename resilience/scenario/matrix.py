@@ -19,7 +19,7 @@ from .schema import SHORT_FORMS, TOP_KEYS
 MAX_CASES = 1_000  # the matrix multiplies a small file into cases: refused past this
 MATRIX_FORMS = "a mapping of key path -> list of values, or a list of mappings"
 OUTCOME_KEYS = ("expect", "known_issue", "name", "description")  # in a case id only when needed to be unique
-KEY_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+KEY_PATH = re.compile(r"^[A-Za-z_]\w*(\.([A-Za-z_]\w*|\d+))*$")  # a digit part indexes a list
 
 Overrides = list[tuple[str, Any]]
 
@@ -124,7 +124,7 @@ def _id_value(value: Any) -> str:
 
 def check_key_path(source: str, key_path: Any, where: str = "matrix", top_keys: tuple[str, ...] = TOP_KEYS) -> None:
     if not isinstance(key_path, str) or not KEY_PATH.match(key_path):
-        raise ScenarioError(source, where, "keys must be dotted key paths such as fault.rank", key_path)
+        raise ScenarioError(source, where, "keys must be dotted key paths such as fault.rank or timeline.1.fault.step", key_path)
     if key_path.split(".")[0] not in top_keys or key_path.split(".")[0] == "matrix":
         raise ScenarioError(source, f"{where}.{key_path}", "unknown key path", key_path,
                             [k for k in top_keys if k != "matrix"])

@@ -39,6 +39,7 @@ class NodeLoss(Kill):
     """Rank ``rank``'s whole node SIGKILLed at the trigger point (the kill fault's points)."""
 
     kind = "node_loss"
+    in_timelines = False  # a whole node goes: a timeline does not yet carry node placements per launch
     params: ClassVar[dict] = {"local_storage": (("kept", "lost"), "kept")}
     on_objects = False
     supervises = True  # the local harness kills the node's other ranks

@@ -1,0 +1,73 @@
+"""Timelines (`resilience.scenario.timeline`): several launches of one job in a case, each restoring
+from the launches before it with a fault of its own, judged launch by launch. Real ranks and files."""
+from __future__ import annotations
+
+import pytest
+
+from resilience.core.plan import RESTART
+from resilience.errors import ScenarioError
+from resilience.planted.catalogue import BUGS, CATCHERS
+from resilience.planted.trials import run_trial
+from resilience.run.harness import Harness
+from resilience.scenario.loader import load_document
+
+BASE = {"name": "t", "strategy": "torch.per_rank",
+        "workload": {"model": "mlp", "world_size": 2, "steps": 16, "checkpoint_every": 4, "seed": 0},
+        "expect": "recovers", "timeouts": {"phase": 60}}
+KILLS = [{"fault": {"kind": "kill", "rank": 1, "step": 6, "phase": "train"}},
+         {"fault": {"kind": "kill", "rank": 0, "step": 10, "phase": "train"}}, {}]
+
+
+def problem(**changes) -> str:
+    with pytest.raises(ScenarioError) as caught:
+        load_document({**BASE, **changes}, "t.yaml")
+    return str(caught.value)
+
+
+def test_a_timeline_lowers_to_the_first_run_the_restart_and_later_launches():
+    case = load_document({**BASE, "timeline": KILLS}, "t.yaml").cases[0]
+    assert case.fault.kind == "kill" and case.fault.trigger.step == 6
+    assert [(i.fault.kind, i.restart.world_size) for i in case.incarnations] == [("kill", 2), ("none", 2)]
+    assert case.restart == case.incarnations[0].restart
+    second = load_document(case.incarnation_document(1), "t.yaml").cases[0]  # as the restart's ranks read it
+    assert second.fault.trigger.step == 10 and second.fault.trigger.rank == 0 and not second.timeline
+    plain = load_document({**BASE, "fault": KILLS[0]["fault"]}, "t.yaml").cases[0]
+    assert [i.fault.kind for i in plain.incarnations] == ["none"]  # restart: the short form
+
+
+def test_timeline_mistakes_name_the_entry_key_value_and_what_is_allowed():
+    assert "t.yaml: fault: beside a timeline" in problem(timeline=KILLS, fault="kill")
+    disk = problem(timeline=[KILLS[0], {"fault": {"kind": "disk_full", "rank": 0, "step": 12, "after_bytes": 64}}, {}])
+    assert "timeline.1.fault.kind: cannot be armed in a later launch" in disk and "allowed: crash, kill, none, preempt" in disk
+    assert "timeline.2.fault: the last launch runs the job to its end" in problem(timeline=KILLS[:2] + [KILLS[1]])
+    assert "timeline.1.fault.rank: " in problem(timeline=[KILLS[0], {"fault": {"kind": "kill", "rank": 5,
+                                                                                "step": 10}}, {}])
+    assert "timeline.1: every launch of a timeline runs at the first run's parallel layout" in problem(
+        timeline=[KILLS[0], {"world_size": 1, **KILLS[1]}, {}])
+    assert "timeline: must list 2 to 16 launches" in problem(timeline=KILLS[:1])
+
+
+def test_matrix_keys_reach_into_a_timeline_by_index():
+    scenario = load_document({**BASE, "timeline": KILLS, "matrix": {"timeline.1.fault.step": [9, 11]}}, "t.yaml")
+    assert [c.incarnations[0].fault.trigger.step for c in scenario.cases] == [9, 11]
+    with pytest.raises(ScenarioError, match="timeline has no entry 7"):
+        load_document({**BASE, "timeline": KILLS, "matrix": {"timeline.7.fault.step": [9]}}, "t.yaml")
+
+
+def test_each_launch_restores_the_newest_save_of_the_launches_before_it(tmp_path):
+    result = Harness(work_root=tmp_path).run(load_document({**BASE, "timeline": KILLS}, "t.yaml").cases[0])
+    phases = {p.name: p for p in result.phases}
+    assert [p.name for p in result.phases] == ["reference", "first_run", RESTART, f"{RESTART}_2"]
+    assert phases["first_run"].status == phases[RESTART].status == "fault_killed"
+    assert phases[RESTART].restored()[0]["step"] == 4 and phases[f"{RESTART}_2"].restored()[0]["step"] == 8
+    assert max(phases[f"{RESTART}_2"].losses(0)) == 16
+    assert result.verdict.kind.value == "RECOVERED", result.verdict.findings
+
+
+@pytest.mark.parametrize("bug", [b for b in BUGS if b.catcher == "second_resume"], ids=lambda b: b.name)
+def test_a_bug_only_a_second_resume_shows_passes_a_single_restart(tmp_path, bug):
+    """The catcher that kills once at step 10 (the restart's saves are never restored) accepts it;
+    `test_planted` shows second_resume catching it and accepting the correct twin."""
+    catcher = next(c for c in CATCHERS if c.name == "kill_in_training")
+    trial = run_trial(Harness(work_root=tmp_path), catcher, bug.strategy, bug.name)
+    assert trial.judgement == "accepted", trial
