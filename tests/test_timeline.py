@@ -38,7 +38,8 @@ def test_a_timeline_lowers_to_the_first_run_the_restart_and_later_launches():
 def test_timeline_mistakes_name_the_entry_key_value_and_what_is_allowed():
     assert "t.yaml: fault: beside a timeline" in problem(timeline=KILLS, fault="kill")
     disk = problem(timeline=[KILLS[0], {"fault": {"kind": "disk_full", "rank": 0, "step": 12, "after_bytes": 64}}, {}])
-    assert "timeline.1.fault.kind: cannot be armed in a later launch" in disk and "allowed: crash, kill, none, preempt" in disk
+    assert "timeline.1.fault.kind: cannot be armed in a later launch" in disk
+    assert "allowed: crash, kill, none, preempt" in disk
     assert "timeline.2.fault: the last launch runs the job to its end" in problem(timeline=KILLS[:2] + [KILLS[1]])
     assert "timeline.1.fault.rank: " in problem(timeline=[KILLS[0], {"fault": {"kind": "kill", "rank": 5,
                                                                                 "step": 10}}, {}])

@@ -124,7 +124,8 @@ def _id_value(value: Any) -> str:
 
 def check_key_path(source: str, key_path: Any, where: str = "matrix", top_keys: tuple[str, ...] = TOP_KEYS) -> None:
     if not isinstance(key_path, str) or not KEY_PATH.match(key_path):
-        raise ScenarioError(source, where, "keys must be dotted key paths such as fault.rank or timeline.1.fault.step", key_path)
+        raise ScenarioError(source, where, "keys must be dotted key paths such as fault.rank or timeline.1.fault.step",
+                            key_path)
     if key_path.split(".")[0] not in top_keys or key_path.split(".")[0] == "matrix":
         raise ScenarioError(source, f"{where}.{key_path}", "unknown key path", key_path,
                             [k for k in top_keys if k != "matrix"])
