@@ -72,3 +72,41 @@ def test_a_bug_only_a_second_resume_shows_passes_a_single_restart(tmp_path, bug)
     catcher = next(c for c in CATCHERS if c.name == "kill_in_training")
     trial = run_trial(Harness(work_root=tmp_path), catcher, bug.strategy, bug.name)
     assert trial.judgement == "accepted", trial
+
+
+SOAK = {"failures": 4, "every": [3, 5], "kinds": ["kill", "crash", "preempt"], "seed": 3}
+
+
+def test_a_soak_draws_its_schedule_from_the_seed_into_a_plain_timeline():
+    soak = {**BASE, "workload": {**BASE["workload"], "steps": 24, "checkpoint_every": 2}, "soak": SOAK}
+    case = load_document(soak, "t.yaml").cases[0]
+    again = load_document(soak, "t.yaml").cases[0]
+    other = load_document({**soak, "soak": {**SOAK, "seed": 4}}, "t.yaml").cases[0]
+    timeline = case.document["timeline"]
+    assert timeline == again.document["timeline"] != other.document["timeline"] and "soak" not in case.document
+    steps = [entry["fault"]["step"] for entry in timeline[:-1]]
+    assert len(steps) == 4 and all(3 <= b - a <= 5 for a, b in zip([0, *steps], steps, strict=False))
+    assert {entry["fault"]["kind"] for entry in timeline[:-1]} <= {"kill", "crash", "preempt"} and timeline[-1] == {}
+    assert load_document(case.document, "t.yaml").cases[0].timeline == case.timeline  # replays as it is
+    assert "soak.failures: with seed 3, failures every 3..5 steps reach step" in problem(
+        soak={**SOAK, "failures": 5}, workload={**BASE["workload"], "steps": 12})
+    assert "soak.kinds: must list fault kinds a soak draws from; got ['disk_full']" in problem(
+        soak={**SOAK, "kinds": ["disk_full"]})
+    assert "timeline: beside a soak" in problem(soak=SOAK, timeline=KILLS)
+
+
+def test_a_soak_reports_its_schedule_the_steps_each_restore_lost_and_the_goodput(tmp_path):
+    from resilience.report.launches import timeline_cost
+    from resilience.report.text import render
+
+    soak = {**BASE, "workload": {**BASE["workload"], "steps": 24, "checkpoint_every": 2}, "soak": SOAK}
+    result = Harness(work_root=tmp_path).run(load_document(soak, "t.yaml").cases[0])
+    assert result.verdict.kind.value == "RECOVERED", result.verdict.findings
+    cost = timeline_cost(result)
+    faults = [e["fault"]["step"] for e in result.case.document["timeline"][:-1]]
+    assert [loss.restored_step for loss in cost.losses] == [(step - 1) // 2 * 2 for step in faults]
+    assert all(loss.steps_lost == (step - 1) % 2 for loss, step in zip(cost.losses, faults, strict=True))
+    assert cost.goodput is not None and 0 < cost.goodput < 1
+    text = render(result)
+    assert f"schedule: launch 1: {result.case.fault.kind} rank {result.case.fault.trigger.rank} at step {faults[0]}" \
+        in text and "launch 5 (restart_4): restored step" in text and "goodput" in text

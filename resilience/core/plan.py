@@ -9,6 +9,11 @@ REFERENCE, FIRST_RUN, RESTART, CONTINUATION = "reference", "first_run", "restart
 FALLBACK = "fallback"  # after a refused restore: an older checkpoint restored with load_step in fresh ranks
 
 
+def launch_name(index: int) -> str:
+    """The phase name of launch ``index`` after the first run: ``restart``, ``restart_2``, ..."""
+    return RESTART if index == 1 else f"{RESTART}_{index}"
+
+
 def events_file(phase_dir: Path, rank: int) -> Path:
     """Where rank ``rank`` of the phase in ``phase_dir`` writes its events."""
     return phase_dir / f"rank{rank}.events.jsonl"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import shlex
 
 from ..core.records import CaseResult
+from . import launches
 
 
 def replay_command(case_source: str, case_id: str, script: bool = False, tier: str = "full") -> str:
@@ -35,9 +36,10 @@ def render(result: CaseResult, reason: str = "") -> str:
     lines.append(f"restored step: {verdict.restored_step}   newest checkpoint saved on every rank: "
                  f"{verdict.complete_step}")
     lost = result.lost_s
-    if lost is not None:
+    if lost is not None and not case.timeline:  # a timeline's are listed launch by launch
         lines.append(f"work lost: {result.steps_lost} steps, {sum(lost):.2f} s (restart {lost[0]:.2f} s + replay "
                      f"{lost[1]:.2f} s)")
+    lines += launches.render(result)
     for finding in verdict.findings:
         lines.append(f"  - {finding}")
     if verdict.divergence:

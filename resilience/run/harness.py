@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..core import janitor, registry
 from ..core.case import Case
-from ..core.plan import CONTINUATION, FALLBACK, FIRST_RUN, REFERENCE, RESTART, PhasePlan
+from ..core.plan import CONTINUATION, FALLBACK, FIRST_RUN, REFERENCE, RESTART, PhasePlan, launch_name
 from ..core.records import CaseResult, PhaseResult
 from ..core.topology import Topology
 from ..errors import HarnessError, StrategyUnavailable
@@ -207,7 +207,3 @@ class _Planner:
             # a phase that restores from the checkpoint must find everything in it
             foreign_roots=(str(self.work_dir / FIRST_RUN), *foreign) if start in ("strategy", "step") else ())
 
-
-def launch_name(index: int) -> str:
-    """The phase name of launch ``index`` after the first run: ``restart``, ``restart_2``, ..."""
-    return RESTART if index == 1 else f"{RESTART}_{index}"

@@ -1,4 +1,5 @@
-"""A scenario's ``timeline``: the launches of one job, each from the checkpoints of those before it.
+"""A scenario's ``timeline``: the launches of one job, each from the checkpoints of those before it;
+and ``soak``, a timeline drawn from a seed.
 
     timeline:
       - fault: {kind: kill, rank: 1, step: 6}        # the first run (its placement: workload, topology)
@@ -10,9 +11,16 @@ Entry 0 holds only the first run's ``fault``; every later entry the keys of ``re
 short form of a two-entry timeline. A later launch's fault must be one that acts from its trigger
 alone (``Fault.in_timelines``), and the last launch has none, so the job reaches its end. Every
 launch runs at the first run's parallel layout and software: its oracle is the reference.
+
+    soak: {failures: 4, every: [2, 5], kinds: [kill, crash, preempt], seed: 7}
+
+draws ``failures`` faults in training, each ``every`` steps (inclusive bounds) after the one before
+it, of a kind, on a rank, from ``random.Random(seed)``: the same file gives the same schedule,
+which the case's document then holds as a plain timeline (replayable as it is).
 """
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from ..core import registry
@@ -23,6 +31,35 @@ from .placement import check_restart
 from .schema import RESTART_KEYS
 
 MAX_LAUNCHES = 16
+SOAK_KEYS = ("failures", "every", "kinds", "seed")
+# each kind's fault in training; preempt's grace is short, as a scheduler's is
+SOAK_FAULTS = {"kill": {}, "crash": {"how": "os_exit"}, "preempt": {"grace": 10}}
+
+
+def draw_soak(v: Validator, value: Any, workload: WorkloadSpec) -> list[dict]:
+    """The timeline a ``soak`` section draws (entries as a scenario writes them)."""
+    doc = v.mapping("soak", value, SOAK_KEYS)
+    failures = v.integer("soak.failures", v.required("soak.failures", doc.get("failures")), 1, MAX_LAUNCHES - 1)
+    every = doc.get("every", [1, max(1, workload.steps // (failures + 1))])
+    if (not isinstance(every, list) or len(every) != 2 or not all(isinstance(n, int) and not isinstance(n, bool)
+                                                                   for n in every) or not 1 <= every[0] <= every[1]):
+        raise v.error("soak.every", "must be [fewest, most] steps between failures", every, "e.g. [2, 5]")
+    kinds = doc.get("kinds", ["kill"])
+    if not isinstance(kinds, list) or not kinds or any(kind not in SOAK_FAULTS for kind in kinds):
+        raise v.error("soak.kinds", "must list fault kinds a soak draws from", kinds, list(SOAK_FAULTS))
+    seed = v.integer("soak.seed", doc.get("seed", 0), 0)
+    draw = random.Random(seed)
+    entries, step = [], 0
+    for _ in range(failures):
+        step += draw.randint(*every)
+        kind = draw.choice(kinds)
+        entries.append({"fault": {"kind": kind, "rank": draw.randrange(workload.world_size), "step": step,
+                                  "phase": "train", **SOAK_FAULTS[kind]}})
+    if step >= workload.steps:
+        raise v.error("soak.failures", f"with seed {seed}, failures every {every[0]}..{every[1]} steps reach step "
+                      f"{step}, past the job's last step but one ({workload.steps - 1})", failures,
+                      "fewer failures, a smaller soak.every, or more workload.steps")
+    return [*entries, {}]
 
 
 def check_timeline(v: Validator, value: Any, workload: WorkloadSpec, topology: Topology | None, check_fault

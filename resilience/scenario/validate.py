@@ -41,7 +41,7 @@ from .schema import (
     TRIGGER_KEYS,
     WORKLOAD_KEYS,
 )
-from .timeline import check_timeline
+from .timeline import check_timeline, draw_soak
 
 
 def check_case(document: Any, source: str, case_id: str = "", where: str = "",
@@ -61,6 +61,12 @@ def check_case(document: Any, source: str, case_id: str = "", where: str = "",
     workload = v.section("workload", check_workload, v, doc.get("workload"))
     topology = fault = restart = None
     timeline: tuple = ()
+    if "soak" in doc and v.ok("workload") and workload is not None:
+        if "timeline" in doc:
+            v.note(v.error("timeline", "beside a soak, which draws the timeline", doc.pop("timeline"), "one of them"))
+        drawn = v.section("soak", draw_soak, v, doc.pop("soak"), workload)
+        if drawn is not None:
+            doc["timeline"] = drawn  # the case's document holds the schedule: it replays as it is
     if "timeline" in doc:
         for beside in ("fault", "restart"):
             if beside in doc:
