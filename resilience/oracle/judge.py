@@ -70,17 +70,19 @@ def _restore_hop(case: Case, reference: PhaseResult, continuation: PhaseResult |
     notes: list[str] = []
     state_diff: list[str] = []
     divergence = None
-    complete = 0
+    complete, ended = 0, False
     for earlier in before:
         saved: dict[int, set[int]] = {}
         for event in earlier.events("save_returned"):
             saved.setdefault(event["step"], set()).add(event["rank"])
-        complete = max(complete, rules.newest_complete_save(saved, earlier.world_size))
+        newest = rules.newest_complete_save(saved, earlier.world_size)
+        if newest and newest >= complete:
+            complete, ended = newest, earlier.status == "completed"
     restored = run.restored()
     restored_step = restored[0]["step"] if 0 in restored else None
     if run.status == "completed" or len(restored) == run.world_size:
         found, notes = rules.restore_findings({rank: e["step"] for rank, e in restored.items()}, complete,
-                                              case.expect.fallback_ok, "its state is verified below")
+                                              case.expect.fallback_ok, "its state is verified below", ended)
         silent += found
         oracle = continuation if case.continuation_is_oracle else reference
         if case.software_changes and ended_as_reference(case, reference, run):

@@ -36,16 +36,18 @@ def newest_complete_save(saved: Mapping[int, set[int]], world_size: int) -> int:
     return max((step for step, ranks in saved.items() if len(ranks) == world_size), default=0)
 
 
-def restore_findings(restored: Mapping[int, int], complete: int, fallback_ok: bool, newer_accepted_because: str
-                     ) -> tuple[list[str], list[str]]:
+def restore_findings(restored: Mapping[int, int], complete: int, fallback_ok: bool, newer_accepted_because: str,
+                     ended: bool = False) -> tuple[list[str], list[str]]:
     """What the restored steps alone say: (SILENT findings, notes). ``restored``: rank -> step;
-    rank 0's step is the one judged."""
+    rank 0's step is the one judged; ``ended``: the launch that saved ``complete`` ran to its end."""
     silent, notes = [], []
     if len(set(restored.values())) > 1:
         silent.append(f"ranks restored different steps: {dict(sorted(restored.items()))}")
     step = restored.get(0)
     if step is not None and step < complete and not fallback_ok:
-        silent.append(f"lost checkpoint: restored step {step}, but the step-{complete} save had returned on every "
+        silent.append(f"lost checkpoint: restored step {step}, but the job ended, every rank exiting 0, believing "
+                      f"step {complete} saved (its save had returned on every rank)" if ended else
+                      f"lost checkpoint: restored step {step}, but the step-{complete} save had returned on every "
                       f"rank before the fault")
     if step is not None and step > complete:
         notes.append(f"restored step {step}, newer than the last save confirmed on every rank ({complete}); "

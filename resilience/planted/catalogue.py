@@ -72,6 +72,10 @@ CATCHERS: tuple[Catcher, ...] = (
                           {"fault": {"kind": "kill", "rank": 0, "step": 10, "phase": "train"}}, {}],
              "timeouts": {"phase": 60}},
             frozenset({RECOVERED})),
+    Catcher("clean_exit", "no fault: the job ends at step 12, every rank exiting 0 after the step-12 save "
+            "returned, and the restart must find that save (the last save of a job is never followed by a step)",
+            {"workload": TWO_RANKS, "fault": "none", "timeouts": {"phase": 60}},
+            frozenset({RECOVERED})),
     Catcher("full_state_kill", "rank 1 SIGKILLed between the two micro-batches of step 10 (checkpoints at 4 "
             "and 8) of a job with dropout on per-rank streams, an EMA of the weights, fp16 with a loss scaler and "
             "a DataLoader with two workers: the restart resumes mid-epoch and must restore all of it",
@@ -210,6 +214,10 @@ BUGS: tuple[PlantedBug, ...] = (
     PlantedBug("loaded_state_cached_for_saves", "the restored state dict kept as the save cache, its tensors "
                "never refreshed: saves after a resume write the restored step's weights",
                TIMELINE_BUG + "CachesLoadedState", "second_resume", PER_RANK),
+    PlantedBug("last_save_left_in_flight", "a save that returns once staged and writes when the next step "
+               "begins: the job's last save is never written, and the job ends believing it saved",
+               TIMELINE_BUG + "DefersWriteToNextStep", "clean_exit",
+               {"name": TIMELINE_BUG + "DefersWriteToNextStep", "options": {"flush_at_exit": True}}),
     PlantedBug("loads_by_local_rank", "shards loaded by local rank instead of global rank",
                STATE_BUG + "LoadsByLocalRank", "two_nodes", PER_RANK),
     PlantedBug("reshard_zero_fill", "resharding that zero-fills part of a tensor",

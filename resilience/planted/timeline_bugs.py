@@ -1,7 +1,9 @@
-"""Planted bugs that only a second resume shows: each saves right until the job has been restored
-once, and writes something stale from then on. A case with one restart never restores a save its
+"""Planted bugs of a job's sequence of launches: three that only a second resume shows (each saves
+right until the job has been restored once, and writes something stale from then on), and a last
+save left in flight when the job ends. A case with one restart never restores a save its
 restart made, so it accepts them all; a timeline whose third launch restores the second launch's
-save catches them (``resilience.planted.catalogue``: the catcher ``second_resume``).
+save catches them (``resilience.planted.catalogue``: the catcher ``second_resume``); the restart after a
+job that ended cleanly catches the last (``clean_exit``).
 
 Each is modelled on a failure mode of real training code and written against the public contract.
 """
@@ -87,3 +89,41 @@ class CachesLoadedState(PerRankSave):
         self.recorded_check_loss = state.pop(CHECK_LOSS_KEY, None)
         workload.load_state_dict(state)
         self.cache = {key: value for key, value in state.items() if key in ("model", "optimizer")}
+
+
+class DefersWriteToNextStep(PerRankSave):
+    """Returns from a save once the state is staged (a copy), and writes it when the next training
+    step begins, as a save that overlaps its write with the next step's compute does; ``finish``
+    does not write the last one (the ``flush_at_exit: true`` twin does), so the job ends, every
+    rank exiting 0, believing its last step saved."""
+
+    options = (*PerRankSave.options, "flush_at_exit")
+    option_values = {**PerRankSave.option_values, "flush_at_exit": (True, False)}
+    staged: tuple[dict, int] | None = None
+
+    def prepare(self, workload: Workload) -> Workload:
+        workload = super().prepare(workload)
+        train_step = workload.train_step
+
+        def write_then_train() -> float:
+            self.write_staged()
+            return train_step()
+
+        workload.train_step = write_then_train
+        return workload
+
+    def save(self, workload: Workload, step: int) -> None:
+        self.write_staged()
+        self.staged = (copy.deepcopy(self.file_content(workload)), step)
+
+    def write_staged(self) -> None:
+        if self.staged is None:
+            return
+        content, step = self.staged
+        self.staged = None
+        self.target.make_directory(self.step_location(step))
+        self.target.save(content, self.file_path(step))
+
+    def finish(self, workload: Workload) -> None:
+        if self.context.options.get("flush_at_exit"):
+            self.write_staged()
