@@ -142,6 +142,8 @@ class Case:
     # a scenario's ``timeline``: every launch after the first run (``restart`` is the first of them);
     # empty: the one restart, with no fault of its own
     timeline: tuple[Incarnation, ...] = ()
+    # fresh ranks restore the first run's earlier saves right after it (`oracle.saved_check`)
+    verify_saves: bool = False
 
     @property
     def incarnations(self) -> tuple[Incarnation, ...]:

@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REFERENCE, FIRST_RUN, RESTART, CONTINUATION = "reference", "first_run", "restart", "continuation"
+RESTORING_STARTS = ("strategy", "step", "verify")  # the starts that restore from the checkpoint
+SAVED_CHECK = "saved_check"  # fresh ranks restore every earlier save of the first run: lost at save time?
 FALLBACK = "fallback"  # after a refused restore: an older checkpoint restored with load_step in fresh ranks
 
 
@@ -27,7 +29,8 @@ class PhasePlan:
     store_path: str  # FileStore rendezvous: no port, nothing listening
     checkpoint_dir: str
     phase_dir: str  # events and logs of each rank
-    # "fresh", "strategy" (strategy.load), "step" (strategy.load_step) or "snapshot" (trusted reference snapshot)
+    # "fresh", "strategy" (strategy.load), "step" (strategy.load_step), "snapshot" (trusted reference
+    # snapshot) or "verify" (each of verify_steps with strategy.load_step, no training)
     start: str
     save: bool  # call strategy.save after each checkpoint step
     inject: bool  # arm the case's fault
@@ -41,6 +44,9 @@ class PhasePlan:
     # directories a restoring phase must not need (the first run's phase directory): what its ranks
     # open there is a finding (`resilience.rank.working_dir`)
     foreign_roots: tuple[str, ...] = ()
+    # start "verify": the checkpoint steps to restore one after the other with load_step, each
+    # reported (a ``verified`` event), no training: saves checked where they were made
+    verify_steps: tuple[int, ...] = ()
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=1))
@@ -50,6 +56,7 @@ class PhasePlan:
         data = json.loads(Path(path).read_text())
         data["rank_map"] = tuple(data["rank_map"])
         data["foreign_roots"] = tuple(data.get("foreign_roots", ()))
+        data["verify_steps"] = tuple(data.get("verify_steps", ()))
         return cls(**data)
 
     def placement(self):

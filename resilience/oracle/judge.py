@@ -10,16 +10,20 @@ from dataclasses import dataclass
 from ..core.case import Case
 from ..core.records import Divergence, PhaseResult, Verdict
 from . import data_audit, rules
+from .saved_check import findings as saved_check_findings
 
 
 def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: PhaseResult,
           continuation: PhaseResult | None = None, fault_findings: tuple[str, ...] = (),
           fault_notes: tuple[str, ...] = (), intact_step: int | None = None,
-          later: tuple[PhaseResult, ...] = ()) -> Verdict:
+          later: tuple[PhaseResult, ...] = (),
+          saved_check: tuple[PhaseResult, tuple[int, ...]] | None = None) -> Verdict:
     """``fault_findings``: what the fault itself found (`Fault.findings`), each one SILENT;
     ``fault_notes``: what it did, in words (`Fault.notes`), listed last; ``intact_step``: after a
     refused restore, an older checkpoint proven intact (`resilience.run.availability`); ``later``:
-    a timeline's launches after the restart, each judged as the restart is, against the reference."""
+    a timeline's launches after the restart, each judged as the restart is, against the reference;
+    ``saved_check``: the phase that restored the first run's earlier saves, and their steps
+    (`oracle.saved_check`: its errors are evidence of a lost save, never the job's own LOUD)."""
     silent: list[str] = list(fault_findings)
     reference_losses = reference.losses(0)
     runs = [first_run, restart, *later]
@@ -35,6 +39,8 @@ def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: P
     for number, hop in enumerate(hops, 2):  # the first run is launch 1
         silent += [f"launch {number} ({hop.phase}): {line}" for line in hop.silent] if later else hop.silent
         divergence = divergence or hop.divergence
+    if saved_check is not None:
+        silent += saved_check_findings(*saved_check, reference, expected_state)
     restored_steps = [hop.restored_step for hop in hops]
     if None not in restored_steps:  # which samples the job trained, against the reference's epochs
         silent += data_audit.audit(reference, runs, restored_steps)

@@ -73,8 +73,9 @@ CATCHERS: tuple[Catcher, ...] = (
              "timeouts": {"phase": 60}},
             frozenset({RECOVERED})),
     Catcher("clean_exit", "no fault: the job ends at step 12, every rank exiting 0 after the step-12 save "
-            "returned, and the restart must find that save (the last save of a job is never followed by a step)",
-            {"workload": TWO_RANKS, "fault": "none", "timeouts": {"phase": 60}},
+            "returned, and the restart must find that save (the last save of a job is never followed by a step); "
+            "the saves of steps 4 and 8 are restored in fresh ranks right after the first run (verify_saves)",
+            {"workload": TWO_RANKS, "fault": "none", "verify_saves": True, "timeouts": {"phase": 60}},
             frozenset({RECOVERED})),
     Catcher("full_state_kill", "rank 1 SIGKILLed between the two micro-batches of step 10 (checkpoints at 4 "
             "and 8) of a job with dropout on per-rank streams, an EMA of the weights, fp16 with a loss scaler and "
@@ -218,6 +219,8 @@ BUGS: tuple[PlantedBug, ...] = (
                "begins: the job's last save is never written, and the job ends believing it saved",
                TIMELINE_BUG + "DefersWriteToNextStep", "clean_exit",
                {"name": TIMELINE_BUG + "DefersWriteToNextStep", "options": {"flush_at_exit": True}}),
+    PlantedBug("shard_saved_under_another_name", "rank 1 writes its shard under a name no restore reads: every "
+               "save returns, none can be restored", TIMELINE_BUG + "MisnamesRankOneShard", "clean_exit", PER_RANK),
     PlantedBug("loads_by_local_rank", "shards loaded by local rank instead of global rank",
                STATE_BUG + "LoadsByLocalRank", "two_nodes", PER_RANK),
     PlantedBug("reshard_zero_fill", "resharding that zero-fills part of a tensor",

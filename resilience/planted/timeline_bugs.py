@@ -127,3 +127,25 @@ class DefersWriteToNextStep(PerRankSave):
     def finish(self, workload: Workload) -> None:
         if self.context.options.get("flush_at_exit"):
             self.write_staged()
+
+
+class MisnamesRankOneShard(PerRankSave):
+    """Rank 1 saves its shard as ``ckpt_rank1.pt`` (the save's path lost an underscore the restore's
+    kept), and every restore reads ``ckpt_rank_1.pt``: each save returns on every rank and none can
+    ever be restored, which a case learns only when it restores one, unless the saves are verified
+    where they were made (``verify_saves``)."""
+
+    saving = False
+
+    def save(self, workload: Workload, step: int) -> None:
+        self.saving = True
+        try:
+            super().save(workload, step)
+        finally:
+            self.saving = False
+
+    def file_path(self, step: int) -> Path | str:
+        path = super().file_path(step)
+        if self.saving and self.context.rank == 1:
+            return str(path).replace("ckpt_rank_1.pt", "ckpt_rank1.pt")
+        return path

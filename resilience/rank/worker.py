@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.events import EventLog
-from ..core.plan import RESTART, PhasePlan
+from ..core.plan import RESTART, RESTORING_STARTS, PhasePlan
 
 PR_SET_PDEATHSIG = 1
 
@@ -89,7 +89,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
     events.emit("joined", world_size=plan.world_size, versions=_versions(), node=topology.node_of(rank),
                 local_rank=topology.local_rank(rank), backend=dist.get_backend(), device=rank_device())
     context = StrategyContext(checkpoint_dir=checkpoint_dir, rank=rank, world_size=plan.world_size,
-                              previous_rank=plan.rank_map[rank] if plan.start in ("strategy", "step") else None,
+                              previous_rank=plan.rank_map[rank] if plan.start in RESTORING_STARTS else None,
                               options=dict(case.strategy.options), topology=topology,
                               checkpoint_url=plan.object_store["url"] if plan.object_store else None)
     # every phase, the oracle's too: a strategy whose engine trains the model trains it everywhere
@@ -103,9 +103,13 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
     observer = HarnessObserver(plan, case.workload.steps, case.workload.checkpoint_every, clock, fault, strategy,
                                events.emit)
     observer.load_started = time.monotonic()  # the time to restore goes in the report
-    if plan.start in ("strategy", "step"):
+    if plan.start in RESTORING_STARTS:
         clock.phase = "load"
-    if strategy.drives_training:  # the library's own loop restores, trains and saves
+    if plan.start == "verify":  # no training: each save restored as a restart would, and reported
+        for step in plan.verify_steps:
+            strategy.load_step(workload, step)
+            events.emit("verified", step=workload.step, checked=step, fingerprint=workload.fingerprint())
+    elif strategy.drives_training:  # the library's own loop restores, trains and saves
         strategy.train(workload, observer)
     else:
         if plan.start == "strategy":

@@ -11,12 +11,23 @@ from pathlib import Path
 
 from ..core import janitor, registry
 from ..core.case import Case
-from ..core.plan import CONTINUATION, FALLBACK, FIRST_RUN, REFERENCE, RESTART, PhasePlan, launch_name
+from ..core.plan import (
+    CONTINUATION,
+    FALLBACK,
+    FIRST_RUN,
+    REFERENCE,
+    RESTART,
+    RESTORING_STARTS,
+    SAVED_CHECK,
+    PhasePlan,
+    launch_name,
+)
 from ..core.records import CaseResult, PhaseResult
 from ..core.topology import Topology
 from ..errors import HarnessError, StrategyUnavailable
 from ..faults.base import CaseEnvironment
 from ..launch.backend import BACKENDS, DEFAULT_BACKEND, ProcessBackend, backend_for_restart
+from ..oracle import saved_check
 from ..oracle.evidence import collect_phase, follow_phase_events, stderr_tails
 from ..oracle.judge import ended_as_reference, judge
 from . import availability
@@ -83,6 +94,7 @@ class Harness:
                                       supervisor=fault if fault.supervises else None))
             if store is not None:
                 store.record_contents(FIRST_RUN)  # what the fault left in the bucket, before the restart
+            checked = self._check_saves(case, plan, phases[1])  # before the heal: as they were made
             fault.heal(env)
             launches = self._launches(case, plan, env)
             restart, later = launches[0], launches[1:]
@@ -111,8 +123,19 @@ class Harness:
                     store.stop()  # the bucket, the proxy and the server go with the case
         judged = phases[:len(phases) - len(later)]
         verdict = judge(case, *judged, fault_findings=found, fault_notes=noted, intact_step=intact_step,
-                        later=tuple(later))
-        return CaseResult(case=case, verdict=verdict, phases=tuple(phases) + probes, work_dir=work_dir)
+                        later=tuple(later), saved_check=checked)
+        return CaseResult(case=case, verdict=verdict, phases=tuple(phases) + probes + (checked[:1] if checked else ()),
+                          work_dir=work_dir)
+
+    def _check_saves(self, case: Case, plan: "_Planner", first_run: PhaseResult
+                     ) -> tuple[PhaseResult, tuple[int, ...]] | None:
+        """``verify_saves``: fresh ranks at the first run's topology and software restore each of
+        its earlier saves (`oracle.saved_check`); None where there is none to check."""
+        steps = saved_check.steps_to_check(first_run) if case.verify_saves else ()
+        if not steps:
+            return None
+        return self.run_phase(plan.make(SAVED_CHECK, case.workload.world_size, "verify", topology=case.placement,
+                                        verify_steps=steps), case), steps
 
     def _launches(self, case: Case, plan: "_Planner", env: CaseEnvironment) -> list[PhaseResult]:
         """The restart, then each later launch of the case's timeline (`Case.incarnations`), each
@@ -191,7 +214,7 @@ class _Planner:
              record_states: bool = False, snapshot_dir: Path | None = None, snapshot_step: int | None = None,
              rank_map: tuple[int, ...] | None = None, phase_dir: Path | None = None,
              topology: Topology | None = None, case_file: Path | None = None,
-             foreign: tuple[str, ...] = ()) -> PhasePlan:
+             foreign: tuple[str, ...] = (), verify_steps: tuple[int, ...] = ()) -> PhasePlan:
         """``case_file``: the case as this phase runs it (a timeline's launch); ``foreign``: more
         directories of earlier launches that a restoring phase must not need."""
         phase_dir = phase_dir or self.work_dir / name
@@ -205,5 +228,6 @@ class _Planner:
             collective_timeout_s=self.case.timeouts.collective_s,
             topology=(topology or self.placement(name)).as_dict(), object_store=self.object_store,
             # a phase that restores from the checkpoint must find everything in it
-            foreign_roots=(str(self.work_dir / FIRST_RUN), *foreign) if start in ("strategy", "step") else ())
+            foreign_roots=(str(self.work_dir / FIRST_RUN), *foreign) if start in RESTORING_STARTS else (),
+            verify_steps=verify_steps)
 

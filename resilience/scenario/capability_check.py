@@ -58,6 +58,18 @@ def workload_option_problem(strategy: StrategySpec, workload: WorkloadSpec) -> t
             "does not train with this option", extra[0], ", ".join(sorted(carried)) or "no workload options")
 
 
+def verify_saves_problem(strategy: StrategySpec) -> tuple[str, str, str, object] | None:
+    """``verify_saves`` restores chosen steps with ``load_step`` outside any training loop: the
+    strategy must offer ``CHOSEN_STEP`` and leave training to the harness."""
+    strategy_cls = registry.resolve("strategy", strategy.name)
+    if Capability.CHOSEN_STEP in strategy_cls.capabilities_for(strategy.options) and not strategy_cls.drives_training:
+        return None
+    offered = [name for name in offering(frozenset({Capability.CHOSEN_STEP}))
+               if not registry.resolve("strategy", name).drives_training]
+    return ("verify_saves", f"needs a strategy that restores a chosen step outside its own training loop, which "
+            f"strategy {strategy.name} is not", True, offered)
+
+
 @lru_cache(maxsize=None)
 def offering(needed: frozenset[Capability]) -> tuple[str, ...]:
     """The built-in strategies whose class offers everything in ``needed``. Resolving them imports

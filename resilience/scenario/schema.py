@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 TOP_KEYS = ("name", "description", "strategy", "workload", "fault", "restart", "expect",
-            "known_issue", "timeouts", "tier", "matrix", "topology", "object_store", "timeline", "soak")
+            "known_issue", "timeouts", "tier", "matrix", "topology", "object_store", "timeline", "soak",
+            "verify_saves")
 OBJECT_STORES = ("s3",)  # `object_store`: where checkpoints go instead of a directory
 WORKLOAD_KEYS = ("model", "world_size", "steps", "checkpoint_every", "seed", "global_batch", "size",
                  "rank_rng", "options")

@@ -23,7 +23,12 @@ from ..core.case import (
     WorkloadSpec,
 )
 from ..disk.trace_targets import POINTER, WRITTEN_BY, is_selector, parse_target
-from .capability_check import capability_problem, micro_step_problem, workload_option_problem
+from .capability_check import (
+    capability_problem,
+    micro_step_problem,
+    verify_saves_problem,
+    workload_option_problem,
+)
 from .checks import Problems, Validator, parse_size
 from .placement import check_restart, check_topology
 from .schema import (
@@ -100,13 +105,20 @@ def check_case(document: Any, source: str, case_id: str = "", where: str = "",
         problem = check_object_store(object_store, strategy, fault)
         if problem:
             v.note(v.error(*problem))
+    verify_saves = False
+    if doc.get("verify_saves") is not None:
+        verify_saves = v.section("verify_saves", v.boolean, "verify_saves", doc["verify_saves"])
+    if verify_saves and strategy is not None:
+        problem = verify_saves_problem(strategy)
+        if problem:
+            v.note(v.error(*problem))
     expect, known_issue, timeouts = check_expectations(v, doc)
     if v.found_any:
         return None
     return Case(id=case_id or "case", source=source, name=name, description=description, tier=tier,
                 strategy=strategy, workload=workload, fault=fault, restart=restart, expect=expect,
                 known_issue=known_issue, timeouts=timeouts, document=doc, topology=topology,
-                object_store=object_store, timeline=timeline)
+                object_store=object_store, timeline=timeline, verify_saves=bool(verify_saves))
 
 
 def check_expectations(v: Validator, doc: dict) -> tuple[Expect | None, KnownIssue | None, Timeouts | None]:

@@ -1,0 +1,41 @@
+"""Every checkpoint verified where it was made (``verify_saves``): after the first run, fresh ranks
+at its own topology restore each of its saves that returned on every rank, older than the newest
+(the restart restores that one), and report each state. A save that returned everywhere but cannot
+be restored, or restores another state than the reference's at its step, was lost when it was
+written, whatever a later fault does: SILENT, named as such."""
+from __future__ import annotations
+
+from ..core.records import PhaseResult
+from . import rules
+
+
+def steps_to_check(first_run: PhaseResult) -> tuple[int, ...]:
+    """The first run's saves that returned on every rank, oldest first, without the newest."""
+    saved: dict[int, set[int]] = {}
+    for event in first_run.events("save_returned"):
+        saved.setdefault(event["step"], set()).add(event["rank"])
+    newest = rules.newest_complete_save(saved, first_run.world_size)
+    return tuple(sorted(s for s, ranks in saved.items() if len(ranks) == first_run.world_size and s < newest))
+
+
+def findings(check: PhaseResult, steps: tuple[int, ...], reference: PhaseResult, expected_state) -> list[str]:
+    """SILENT findings of the check phase; ``expected_state(reference, rank, step)``: the oracle's
+    fingerprint (`judge.expected_state`)."""
+    found = []
+    for step in steps:
+        by_rank = {e["rank"]: e for e in check.events("verified") if e["checked"] == step}
+        if len(by_rank) < check.world_size:
+            why = check.first_error.summary() if check.first_error else f"the check phase {check.status}"
+            found.append(f"saved check: the step-{step} save returned on every rank, but fresh ranks cannot restore "
+                         f"it ({why}): a checkpoint lost at save time")
+            break  # the steps after it were never tried
+        for rank, event in sorted(by_rank.items()):
+            expected = expected_state(reference, rank, step) or {}
+            differing = sorted(k for k in expected.keys() | event["fingerprint"].keys()
+                               if expected.get(k) != event["fingerprint"].get(k))
+            if event["step"] != step or differing:
+                found.append(f"saved check: rank {rank} restoring the step-{step} save in fresh ranks gets step "
+                             f"{event['step']}, {len(differing)} state entries differing from the reference "
+                             f"({', '.join(differing[:6])}{' ...' if len(differing) > 6 else ''}): a checkpoint "
+                             f"lost at save time")
+    return found
