@@ -41,3 +41,14 @@ def test_verify_saves_needs_a_strategy_that_restores_a_chosen_step_itself():
         load_document({**CASE, "strategy": "lightning"}, "t.yaml")
     with pytest.raises(ScenarioError, match="verify_saves: must be true or false"):
         load_document({**CASE, "strategy": "torch.per_rank", "verify_saves": "yes"}, "t.yaml")
+
+
+def test_on_by_default_where_the_fault_leaves_saved_files_alone():
+    def verifies(**changes) -> bool:
+        return load_document({**{k: v for k, v in CASE.items() if k != "verify_saves"}, "strategy": "torch.per_rank",
+                              **changes}, "t.yaml").cases[0].verify_saves
+
+    assert verifies() and verifies(fault={"kind": "kill", "rank": 1, "step": 6, "phase": "train"})
+    assert not verifies(fault={"kind": "bit_flip", "rank": 1, "step": 8})  # it acts on the saved files
+    assert not verifies(verify_saves=False)
+    assert not verifies(strategy="dcp")  # no load_step: nothing to check with, and no error either

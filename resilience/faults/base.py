@@ -51,6 +51,9 @@ class Fault(HarnessSide, RankSide):
     #: trigger alone, inside that launch (no first-run-only setup, heal or findings); read by the
     #: scenario validator
     in_timelines: ClassVar[bool] = False
+    #: whether the fault leaves saved files alone (it stops processes or the network, or nothing):
+    #: a case then verifies its saves where they were made unless it says ``verify_saves: false``
+    leaves_saves_alone: ClassVar[bool] = False
 
     def __init__(self, spec: FaultSpec):
         self.spec = spec

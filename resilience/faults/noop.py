@@ -8,6 +8,7 @@ class NoFault(Fault):
     """Nothing goes wrong; the restart still restores from the newest checkpoint and is verified."""
 
     kind = "none"
+    leaves_saves_alone = True
     in_timelines = True
     needs_trigger = False
     on_objects = True

@@ -108,10 +108,12 @@ def check_case(document: Any, source: str, case_id: str = "", where: str = "",
     verify_saves = False
     if doc.get("verify_saves") is not None:
         verify_saves = v.section("verify_saves", v.boolean, "verify_saves", doc["verify_saves"])
-    if verify_saves and strategy is not None:
-        problem = verify_saves_problem(strategy)
-        if problem:
-            v.note(v.error(*problem))
+        if verify_saves and strategy is not None:
+            problem = verify_saves_problem(strategy)
+            if problem:
+                v.note(v.error(*problem))
+    elif strategy is not None and fault is not None:  # by default where the fault leaves saved files alone
+        verify_saves = registry.resolve("fault", fault.kind).leaves_saves_alone and not verify_saves_problem(strategy)
     expect, known_issue, timeouts = check_expectations(v, doc)
     if v.found_any:
         return None

@@ -73,6 +73,7 @@ class CollectiveFailure(Fault):
     ``rank``'s collectives fail ``how`` (module docstring)."""
 
     kind = "collective_failure"
+    leaves_saves_alone = True
     points = {"train": ("start",), "save": ("start",)}
     byte_points = ()
     params = {"how": (HOWS, "transport")}

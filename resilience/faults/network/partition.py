@@ -202,6 +202,7 @@ class Partition(NetworkFault):
     """Every packet in and out of ``rank``'s link dropped for ``seconds`` (nftables)."""
 
     kind = "partition"
+    leaves_saves_alone = True
     params: ClassVar[dict] = {"seconds": (float, None), "scope": (("rank", "node"), "rank")}
     tools: ClassVar[dict[str, str]] = {"nft": "nftables"}
     node_scoped: ClassVar[bool] = True  # scope node under torchrun on several nodes (see the module's docstring)
@@ -237,6 +238,7 @@ class Throttle(NetworkFault):
     """Both directions of ``rank``'s link limited to ``rate_kbit`` kbit/s for ``seconds`` (tbf)."""
 
     kind = "throttle"
+    leaves_saves_alone = True
     params: ClassVar[dict] = {"seconds": (float, None), "rate_kbit": (float, None)}
     tools: ClassVar[dict[str, str]] = {"tc": "iproute2"}
 

@@ -39,6 +39,7 @@ class GilHang(Fault):
     GIL inside libc ``sleep`` for ``seconds`` (default 3600: longer than any phase)."""
 
     kind = "gil_hang"
+    leaves_saves_alone = True
     points = {"train": ("start",), "save": ("start",)}
     byte_points = ()
     params = {"seconds": (float, 3600.0)}

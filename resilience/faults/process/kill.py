@@ -46,6 +46,7 @@ class Kill(Fault, WriteListener):
 
     on_objects = True  # at start points; file points reach files only
     kind = "kill"
+    leaves_saves_alone = True
     in_timelines = True
     params = {"once_written": (str, None), "process": (("rank", "helper"), "rank")}
     points = {**Fault.points, "train": ("start", MICRO_STEP)}

@@ -40,6 +40,7 @@ class NodeLoss(Kill):
 
     kind = "node_loss"
     in_timelines = False  # a whole node goes: a timeline does not yet carry node placements per launch
+    leaves_saves_alone = False  # local_storage: lost takes the node's files with it
     params: ClassVar[dict] = {"local_storage": (("kept", "lost"), "kept")}
     on_objects = False
     supervises = True  # the local harness kills the node's other ranks

@@ -26,6 +26,7 @@ SIGTERM_TIMEOUT_S = 60.0  # how long the trigger rank waits for the harness's SI
 
 class Preempt(Fault, WriteListener):
     kind = "preempt"
+    leaves_saves_alone = True
     in_timelines = True
     points: ClassVar[dict[str, tuple[str, ...]]] = {"train": ("start",), "save": ("start",)}
     byte_points = ("start",)

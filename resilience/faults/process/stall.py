@@ -21,6 +21,7 @@ from ..base import Fault
 
 class Stall(Fault):
     kind = "stall"
+    leaves_saves_alone = True
     points = {"train": ("start",), "save": ("start",)}
     byte_points = ()
     params = {"seconds": (float, None), "scope": (("rank", "node"), "rank")}

@@ -51,6 +51,7 @@ class Crash(Fault, WriteListener):
     """
 
     kind = "crash"
+    leaves_saves_alone = True
     in_timelines = True
     params = {"how": (HOWS, "segfault"), "process": (("rank", "helper"), "rank")}
 
