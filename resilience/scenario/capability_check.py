@@ -4,6 +4,7 @@ the ranks that the strategy lacks the method it calls."""
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 from ..core import registry
 from ..core.capabilities import Capability
@@ -68,6 +69,20 @@ def verify_saves_problem(strategy: StrategySpec) -> tuple[str, str, str, object]
                if not registry.resolve("strategy", name).drives_training]
     return ("verify_saves", f"needs a strategy that restores a chosen step outside its own training loop, which "
             f"strategy {strategy.name} is not", True, offered)
+
+
+def verify_saves_setting(v: Any, value: Any, strategy: StrategySpec | None, fault: FaultSpec | None) -> bool:
+    """``verify_saves`` as given (``true`` refused for a strategy that cannot do it), or by default:
+    on where the fault leaves saved files alone and the strategy can restore a chosen step."""
+    if strategy is None or fault is None:
+        return False
+    if value is None:
+        return registry.resolve("fault", fault.kind).leaves_saves_alone and not verify_saves_problem(strategy)
+    wanted = v.boolean("verify_saves", value)
+    problem = verify_saves_problem(strategy) if wanted else None
+    if problem:
+        raise v.error(*problem)
+    return wanted
 
 
 @lru_cache(maxsize=None)

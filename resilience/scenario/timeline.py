@@ -62,6 +62,29 @@ def draw_soak(v: Validator, value: Any, workload: WorkloadSpec) -> list[dict]:
     return [*entries, {}]
 
 
+def check_launches(v: Validator, doc: dict, workload: WorkloadSpec, topology: Topology | None, check_fault
+                   ) -> tuple[FaultSpec | None, RestartSpec | None, tuple[Incarnation, ...]]:
+    """A case's launches from its ``fault`` and ``restart``, its ``timeline`` or its ``soak`` (each
+    None, with its problem noted): the first run's fault, the restart, and the timeline (empty for
+    the short form). A drawn soak replaces ``soak`` in ``doc`` with its timeline."""
+    if "soak" in doc:
+        if "timeline" in doc:
+            v.note(v.error("timeline", "beside a soak, which draws the timeline", doc.pop("timeline"), "one of them"))
+        drawn = v.section("soak", draw_soak, v, doc.pop("soak"), workload)
+        if drawn is None:
+            return None, None, ()
+        doc["timeline"] = drawn  # the case's document holds the schedule: it replays as it is
+    if "timeline" not in doc:
+        fault = v.section("fault", check_fault, v, doc.get("fault", {"kind": "none"}), workload)
+        return fault, v.section("restart", check_restart, v, doc.get("restart", {}), workload, topology), ()
+    for beside in ("fault", "restart"):
+        if beside in doc:
+            v.note(v.error(beside, "beside a timeline: each launch's fault and placement go in its entry",
+                           doc.pop(beside), "timeline.0.fault" if beside == "fault" else "timeline.1"))
+    return v.section("timeline", check_timeline, v, doc["timeline"], workload, topology, check_fault) \
+        or (None, None, ())
+
+
 def check_timeline(v: Validator, value: Any, workload: WorkloadSpec, topology: Topology | None, check_fault
                    ) -> tuple[FaultSpec, RestartSpec, tuple[Incarnation, ...]]:
     """The first run's fault, the restart, and every launch after the first run. ``check_fault``:

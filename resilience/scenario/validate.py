@@ -26,11 +26,11 @@ from ..disk.trace_targets import POINTER, WRITTEN_BY, is_selector, parse_target
 from .capability_check import (
     capability_problem,
     micro_step_problem,
-    verify_saves_problem,
+    verify_saves_setting,
     workload_option_problem,
 )
 from .checks import Problems, Validator, parse_size
-from .placement import check_restart, check_topology
+from .placement import check_topology
 from .schema import (
     DEFAULT_TIMEOUTS,
     EXPECT_KEYS,
@@ -46,7 +46,7 @@ from .schema import (
     TRIGGER_KEYS,
     WORKLOAD_KEYS,
 )
-from .timeline import check_timeline, draw_soak
+from .timeline import check_launches
 
 
 def check_case(document: Any, source: str, case_id: str = "", where: str = "",
@@ -66,29 +66,14 @@ def check_case(document: Any, source: str, case_id: str = "", where: str = "",
     workload = v.section("workload", check_workload, v, doc.get("workload"))
     topology = fault = restart = None
     timeline: tuple = ()
-    if "soak" in doc and v.ok("workload") and workload is not None:
-        if "timeline" in doc:
-            v.note(v.error("timeline", "beside a soak, which draws the timeline", doc.pop("timeline"), "one of them"))
-        drawn = v.section("soak", draw_soak, v, doc.pop("soak"), workload)
-        if drawn is not None:
-            doc["timeline"] = drawn  # the case's document holds the schedule: it replays as it is
-    if "timeline" in doc:
-        for beside in ("fault", "restart"):
-            if beside in doc:
-                v.note(v.error(beside, "beside a timeline: each launch's fault and placement go in its entry",
-                               doc.pop(beside), "timeline.0.fault" if beside == "fault" else "timeline.1"))
     if v.ok("workload"):
         model_parallel = registry.resolve("workload", workload.model).model_parallel
         topology = v.section("topology", check_topology, v, "topology",
                              doc.get("topology", {} if model_parallel else None), workload.world_size, workload)
-        if "timeline" in doc:
-            if v.ok("topology"):
-                fault, restart, timeline = v.section("timeline", check_timeline, v, doc["timeline"], workload,
-                                                     topology, check_fault) or (None, None, ())
-        else:
+        if v.ok("topology"):
+            fault, restart, timeline = check_launches(v, doc, workload, topology, check_fault)
+        elif "timeline" not in doc and "soak" not in doc:  # its problems too, beside the topology's
             fault = v.section("fault", check_fault, v, doc.get("fault", {"kind": "none"}), workload)
-        if v.ok("topology") and "timeline" not in doc:
-            restart = v.section("restart", check_restart, v, doc.get("restart", {}), workload, topology)
     if strategy is not None and fault is not None:
         problem = capability_problem(strategy, fault.kind) or micro_step_problem(strategy, fault, workload) \
             or registry.resolve("fault", fault.kind).check_strategy(registry.resolve("strategy", strategy.name))
@@ -105,15 +90,7 @@ def check_case(document: Any, source: str, case_id: str = "", where: str = "",
         problem = check_object_store(object_store, strategy, fault)
         if problem:
             v.note(v.error(*problem))
-    verify_saves = False
-    if doc.get("verify_saves") is not None:
-        verify_saves = v.section("verify_saves", v.boolean, "verify_saves", doc["verify_saves"])
-        if verify_saves and strategy is not None:
-            problem = verify_saves_problem(strategy)
-            if problem:
-                v.note(v.error(*problem))
-    elif strategy is not None and fault is not None:  # by default where the fault leaves saved files alone
-        verify_saves = registry.resolve("fault", fault.kind).leaves_saves_alone and not verify_saves_problem(strategy)
+    verify_saves = v.section("verify_saves", verify_saves_setting, v, doc.get("verify_saves"), strategy, fault)
     expect, known_issue, timeouts = check_expectations(v, doc)
     if v.found_any:
         return None
