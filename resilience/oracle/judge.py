@@ -99,8 +99,7 @@ def _restore_hop(case: Case, reference: PhaseResult, continuation: PhaseResult |
                 silent.append(f"rank {rank} restored step {event['step']}, for which no reference state "
                               f"exists (not a checkpoint step, or the oracle run failed)")
                 continue
-            differing = sorted(k for k in expected.keys() | event["fingerprint"].keys()
-                               if expected.get(k) != event["fingerprint"].get(k))
+            differing = rules.differing_entries(expected, event["fingerprint"])
             if differing:
                 state_diff.extend(f"rank {rank}: {k}" for k in differing)
                 silent.append(f"rank {rank}: state restored at step {event['step']} differs from the "

@@ -55,6 +55,11 @@ def restore_findings(restored: Mapping[int, int], complete: int, fallback_ok: bo
     return silent, notes
 
 
+def differing_entries(expected: Mapping[str, str], got: Mapping[str, str]) -> list[str]:
+    """The state entries whose digests differ between two fingerprints (or exist in one only)."""
+    return sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
+
+
 def after_restore_divergence(losses: Mapping[int, Mapping[int, float]], expected: Mapping[int, float],
                              restored_step: int, phase: str) -> tuple[Divergence | None, list[str]]:
     """After the restore every loss must equal the oracle's bitwise. ``losses``: rank -> step -> loss."""

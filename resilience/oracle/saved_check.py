@@ -31,8 +31,7 @@ def findings(check: PhaseResult, steps: tuple[int, ...], reference: PhaseResult,
             break  # the steps after it were never tried
         for rank, event in sorted(by_rank.items()):
             expected = expected_state(reference, rank, step) or {}
-            differing = sorted(k for k in expected.keys() | event["fingerprint"].keys()
-                               if expected.get(k) != event["fingerprint"].get(k))
+            differing = rules.differing_entries(expected, event["fingerprint"])
             if event["step"] != step or differing:
                 found.append(f"saved check: rank {rank} restoring the step-{step} save in fresh ranks gets step "
                              f"{event['step']}, {len(differing)} state entries differing from the reference "
