@@ -12,13 +12,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.case import Case, ScriptCase
+from ..core.case import Case, FaultSpec, ScriptCase
 from ..core.records import CaseResult, Verdict
 from ..measure.environment import Environment
 from ..measure.fsprobe import BandwidthProbe
 from ..measure.objprobe import ObjectBandwidthProbe
 from ..measure.throughput import StrategyThroughput
 from ..oracle.outcome import CaseOutcome
+from .launches import launches, timeline_cost
 from .lost_work import per_strategy
 from .text import replay_command
 
@@ -105,6 +106,14 @@ class CaseRecord:
     def of(cls, result: CaseResult, outcome: CaseOutcome, elapsed_s: float) -> CaseRecord:
         case, verdict = result.case, result.verdict
         restart_s, replay_s = result.lost_s or (None, None)
+        steps_lost, restored_losses = result.steps_lost, result.loss_series("restart")
+        if case.timeline:  # summed over every restore, and the losses of every launch after the first
+            cost = timeline_cost(result)
+            steps_lost = cost.steps_lost
+            restart_s = sum(loss.restart_s or 0.0 for loss in cost.losses)
+            replay_s = sum(loss.replay_s or 0.0 for loss in cost.losses)
+            restored_losses = {step: loss for phase in launches(result)[1:]
+                               for step, loss in result.loss_series(phase.name).items()}
         logs = () if outcome.status in PASSING else tuple(
             RankOutputTail(phase=phase.name, rank=r.rank, returncode=r.returncode, stdout_tail=r.stdout_tail,
                            stderr_tail=r.stderr_tail)
@@ -113,12 +122,12 @@ class CaseRecord:
                    fault=fault_label(case), status=outcome.status, reason=outcome.reason,
                    verdict=verdict.kind.value, expected=case.expect.verdict.value, elapsed_s=elapsed_s,
                    replay=replay_command(case.source, case.id), restored_step=verdict.restored_step,
-                   complete_step=verdict.complete_step, steps_lost=result.steps_lost,
+                   complete_step=verdict.complete_step, steps_lost=steps_lost,
                    restore_s=result.restore_s, restart_s=restart_s, replay_s=replay_s,
                    intact_step=verdict.intact_step, save_s=tuple(result.save_s.items()),
                    reference_losses=tuple(result.loss_series("reference").items()),
                    first_run_losses=tuple(result.loss_series("first_run").items()),
-                   restored_losses=tuple(result.loss_series("restart").items()),
+                   restored_losses=tuple(sorted(restored_losses.items())),
                    findings=verdict.findings, logs=logs)
 
 
@@ -171,7 +180,15 @@ def strategy_label(case: Case | ScriptCase) -> str:
 
 
 def fault_label(case: Case | ScriptCase) -> str:
-    fault, trigger = case.fault, case.fault.trigger
+    fault = case.fault
+    later = [i.fault for i in case.timeline if i.fault.kind != "none"] if isinstance(case, Case) else []
+    if later:  # a timeline: every launch's fault, in order
+        return "; ".join(_one_fault(f) for f in (fault, *later))
+    return _one_fault(fault)
+
+
+def _one_fault(fault: FaultSpec) -> str:
+    trigger = fault.trigger
     if trigger is None:
         return fault.kind
     where = f"{trigger.phase}/{trigger.point} of step {trigger.step} on rank {trigger.rank}"
