@@ -55,7 +55,7 @@ def test_stalled_restore_is_a_hang_with_stacks(tmp_path):
     result = run_case(tmp_path, strategy=S + "StallsOnLoad", timeouts={"phase": 25, "collective": 120})
     assert result.verdict.kind is VerdictKind.HANG
     assert result.verdict.hung_phase == "restart"
-    restart = result.phases[-1]
+    restart = result.phase("restart")
     assert "strategies_under_test.py" in restart.ranks[1].stderr_tail  # its stack, dumped by faulthandler
     where = "\n".join(result.verdict.findings)
     assert "rank 0: waiting in barrier" in where  # the peer that did nothing wrong, and where it waits

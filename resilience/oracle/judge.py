@@ -28,7 +28,8 @@ def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: P
     reference_losses = reference.losses(0)
     runs = [first_run, restart, *later]
     judged = [p for p in (first_run, restart, continuation, *later) if p is not None]
-    hung = next((p.name for p in judged if p.status == "deadline"), None)
+    checked = [saved_check[0]] if saved_check is not None else []
+    hung = next((p.name for p in judged + checked if p.status == "deadline"), None)
     first_error = next((p.first_error for p in judged if p.first_error), None)
 
     divergence, found = rules.first_run_divergence(
@@ -47,7 +48,7 @@ def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: P
     notes = [line for hop in hops for line in hop.notes]
     wrong = next((hop for hop in hops if hop.silent), hops[0])
     hang_lines = next(([f"phase {hung} passed its {case.timeouts.phase_s:g} s deadline", *p.hang_summary]
-                       for p in judged if p.name == hung), [])
+                       for p in judged + checked if p.name == hung), [])
     return Verdict(kind=rules.worst(silent, hung, first_error),
                    findings=rules.findings(silent, hang_lines, first_error, rules.intact_notes(intact_step) + notes
                                            + list(fault_notes)), first_error=first_error, intact_step=intact_step,
