@@ -110,3 +110,12 @@ def test_a_soak_reports_its_schedule_the_steps_each_restore_lost_and_the_goodput
     text = render(result)
     assert f"schedule: launch 1: {result.case.fault.kind} rank {result.case.fault.trigger.rank} at step {faults[0]}" \
         in text and "launch 5 (restart_4): restored step" in text and "goodput" in text
+
+
+def test_torchrun_refuses_a_timeline_by_name():
+    from resilience.launch.torchrun_command import incompatibility
+
+    case = load_document({**BASE, "timeline": KILLS}, "t.yaml").cases[0]
+    assert "a timeline of 3 launches, each with a fault of its own, runs under the local harness only" in \
+        incompatibility(case)
+    assert incompatibility(load_document({**BASE, "fault": KILLS[0]["fault"]}, "t.yaml").cases[0]) is None

@@ -92,6 +92,10 @@ def incompatibility(case: Case, options: TorchrunOptions = TorchrunOptions()) ->
                 f"{case.workload.world_size}; torchrun's agent restarts a group at the size it had "
                 f"(allowed: restart.world_size {case.workload.world_size}, or with --nnodes MIN:MAX a multiple "
                 f"of {per_node} ranks per node between MIN and MAX nodes; or run this case with the local harness)")
+    if case.timeline:
+        return (f"{where}: a timeline of {len(case.timeline) + 1} launches, each with a fault of its own, runs "
+                f"under the local harness only; torchrun's agent restarts the group with the first run's fault "
+                f"(allowed: fault and restart, or run this case with the local harness)")
     if case.restart.rank_map != tuple(range(case.restart.world_size)):
         return (f"{where}: restart.rank_map is {list(case.restart.rank_map)}; torchrun assigns ranks itself "
                 f"(allowed: identity)")
