@@ -46,6 +46,11 @@ def test_timeline_mistakes_name_the_entry_key_value_and_what_is_allowed():
     assert "timeline.1: every launch of a timeline runs at the first run's parallel layout" in problem(
         timeline=[KILLS[0], {"world_size": 1, **KILLS[1]}, {}])
     assert "timeline: must list 2 to 16 launches" in problem(timeline=KILLS[:1])
+    read_error = {"fault": {"kind": "read_error", "rank": 1, "step": 8}}
+    assert "timeline.1.fault: the first run's read_error fault acts in the restart too" in problem(
+        timeline=[read_error, KILLS[1], {}])
+    case = load_document({**BASE, "timeline": [read_error, {}]}, "t.yaml").cases[0]
+    assert case.incarnation_document(1)["fault"]["kind"] == "read_error"  # armed there, as in the short form
 
 
 def test_matrix_keys_reach_into_a_timeline_by_index():

@@ -155,7 +155,8 @@ class Case:
         document with that launch's fault, and its placement as the restart, for its ranks to read."""
         entries = self.document["timeline"]
         doc = {key: value for key, value in self.document.items() if key != "timeline"}
-        doc["fault"] = entries[index].get("fault", "none")
+        # the restart keeps a first-run fault that acts there too (`Fault.arms_at_restart`)
+        doc["fault"] = entries[index].get("fault", entries[0].get("fault", "none") if index == 1 else "none")
         doc["restart"] = {key: value for key, value in entries[max(index, 1)].items() if key != "fault"}
         return doc
 

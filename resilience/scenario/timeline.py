@@ -98,6 +98,7 @@ def check_timeline(v: Validator, value: Any, workload: WorkloadSpec, topology: T
     if registry.resolve("fault", first_fault.kind).explores and len(value) > 2:
         raise v.error("timeline.0.fault.kind", "explores crash states with restarts of its own: it ends a "
                       "two-launch case", first_fault.kind, "a timeline of 2 launches, or another fault")
+    acts_at_restart = registry.resolve("fault", first_fault.kind).arms_at_restart
     first = topology or Topology.single_node(workload.world_size)
     later = []
     for index, entry in enumerate(value[1:], 1):
@@ -111,6 +112,9 @@ def check_timeline(v: Validator, value: Any, workload: WorkloadSpec, topology: T
             allowed = sorted(name for name in registry.FAULTS if registry.resolve("fault", name).in_timelines)
             raise v.error(f"{where}.fault.kind", "cannot be armed in a later launch (it needs the first run's "
                           "setup, heal or findings)", fault.kind, allowed)
+        if index == 1 and acts_at_restart and fault.kind != "none":
+            raise v.error(f"{where}.fault", f"the first run's {first_fault.kind} fault acts in the restart too: the "
+                          "restart can have no fault of its own", fault.kind, "none")
         if index == len(value) - 1 and fault.kind != "none":
             raise v.error(f"{where}.fault", "the last launch runs the job to its end: it has no fault",
                           fault.kind, "none (add a launch after it)")
