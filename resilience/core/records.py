@@ -55,6 +55,24 @@ class PhaseResult:
     def restored(self) -> dict[int, dict]:
         return {e["rank"]: e for e in self.events("restored")}
 
+    def complete_saves(self) -> list[int]:
+        """The steps whose save returned on every rank of this phase, oldest first."""
+        saved: dict[int, set[int]] = {}
+        for event in self.events("save_returned"):
+            saved.setdefault(event["step"], set()).add(event["rank"])
+        return sorted(step for step, ranks in saved.items() if len(ranks) == self.world_size)
+
+    def restore_seconds(self, restored_step: int, back_at: int) -> tuple[float, float] | None:
+        """(restart, replay) of this restoring phase: from the first rank joining the group to the
+        last rank restored, then to the last rank's loss at step ``back_at`` (or its last loss
+        short of it); None where it never restored."""
+        joined = [e["time"] for e in self.events("joined")]
+        restored = [e["time"] for e in self.events("restored")]
+        if not joined or not restored:
+            return None
+        replayed = [e["time"] for e in self.events("loss") if restored_step < e["step"] <= back_at]
+        return max(restored) - min(joined), max(replayed, default=max(restored)) - max(restored)
+
 
 @dataclass(frozen=True)
 class Divergence:
@@ -132,13 +150,7 @@ class CaseResult:
         restart = self.phase("restart")
         if restart is None or self.verdict.restored_step is None:
             return None
-        joined = [e["time"] for e in restart.events("joined")]
-        restored = [e["time"] for e in restart.events("restored")]
-        if not joined or not restored:
-            return None
-        back_at = self.verdict.restored_step + (self.steps_lost or 0)
-        replayed = [e["time"] for e in restart.events("loss") if self.verdict.restored_step < e["step"] <= back_at]
-        return max(restored) - min(joined), max(replayed, default=max(restored)) - max(restored)
+        return restart.restore_seconds(self.verdict.restored_step, self.verdict.restored_step + (self.steps_lost or 0))
 
     @property
     def restore_s(self) -> float | None:

@@ -79,10 +79,7 @@ def _restore_hop(case: Case, reference: PhaseResult, continuation: PhaseResult |
     divergence = None
     complete, ended = 0, False
     for earlier in before:
-        saved: dict[int, set[int]] = {}
-        for event in earlier.events("save_returned"):
-            saved.setdefault(event["step"], set()).add(event["rank"])
-        newest = rules.newest_complete_save(saved, earlier.world_size)
+        newest = max(earlier.complete_saves(), default=0)
         if newest and newest >= complete:
             complete, ended = newest, earlier.status == "completed"
     restored = run.restored()

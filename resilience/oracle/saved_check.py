@@ -11,11 +11,7 @@ from . import rules
 
 def steps_to_check(first_run: PhaseResult) -> tuple[int, ...]:
     """The first run's saves that returned on every rank, oldest first, without the newest."""
-    saved: dict[int, set[int]] = {}
-    for event in first_run.events("save_returned"):
-        saved.setdefault(event["step"], set()).add(event["rank"])
-    newest = rules.newest_complete_save(saved, first_run.world_size)
-    return tuple(sorted(s for s, ranks in saved.items() if len(ranks) == first_run.world_size and s < newest))
+    return tuple(first_run.complete_saves()[:-1])
 
 
 def findings(check: PhaseResult, steps: tuple[int, ...], reference: PhaseResult, expected_state) -> list[str]:

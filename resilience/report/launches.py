@@ -57,13 +57,8 @@ def launch_loss(before: PhaseResult, phase: PhaseResult) -> LaunchLoss:
     if step is None:
         return LaunchLoss(phase.name, None, None, None, None)
     back_at = max(last_trained(before), step)
-    joined = [e["time"] for e in phase.events("joined")]
-    restored_at = [e["time"] for e in phase.events("restored")]
-    if not joined or not restored_at:
-        return LaunchLoss(phase.name, step, back_at - step, None, None)
-    replayed = [e["time"] for e in phase.events("loss") if step < e["step"] <= back_at]
-    return LaunchLoss(phase.name, step, back_at - step, max(restored_at) - min(joined),
-                      max(replayed, default=max(restored_at)) - max(restored_at))
+    restart_s, replay_s = phase.restore_seconds(step, back_at) or (None, None)
+    return LaunchLoss(phase.name, step, back_at - step, restart_s, replay_s)
 
 
 def timeline_cost(result: CaseResult) -> TimelineCost:

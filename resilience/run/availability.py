@@ -29,10 +29,7 @@ def refused(restart: PhaseResult) -> bool:
 
 
 def candidates(case: Case, first_run: PhaseResult) -> list[int]:
-    saved: dict[int, set[int]] = {}
-    for event in first_run.events("save_returned"):
-        saved.setdefault(event["step"], set()).add(event["rank"])
-    return sorted((s for s, ranks in saved.items() if len(ranks) == first_run.world_size), reverse=True)[:MAX_PROBES]
+    return first_run.complete_saves()[::-1][:MAX_PROBES]
 
 
 def probe(case: Case, first_run: PhaseResult, restart: PhaseResult, reference: PhaseResult,

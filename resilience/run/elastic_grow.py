@@ -77,9 +77,7 @@ def judge_grown(case: Case, reference: PhaseResult, first_run: PhaseResult, shru
         return ((f"the job grown back to {grown.world_size} ranks ({grown.name}) restored nothing: {error}",)
                 if grown.first_error else (), (f"grown back to {grown.world_size} ranks ({grown.name}): {error}",))
     step, since = restored[0]["step"], shrunk_restored[0]["step"]
-    shrunk_saved = sorted({e["step"] for e in shrunk.events("save_returned")
-                           if len({r["rank"] for r in shrunk.events("save_returned") if r["step"] == e["step"]})
-                           == shrunk.world_size})
+    shrunk_saved = shrunk.complete_saves()
     if step > since:
         return (), (f"grown back to {grown.world_size} ranks ({grown.name}): restored step {step}, which the "
                     f"shrunk group wrote; not judged (its oracle is the smaller continuation's)",)

@@ -5,7 +5,6 @@ first rank failure (as torchrun does) and on any exception in the harness itself
 """
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -152,8 +151,7 @@ class Harness:
             case_file = None
             if case.timeline:  # its ranks read the case as this launch runs it
                 case_file = plan.work_dir / f"case_{index}.json"
-                case_file.write_text(json.dumps({"source": case.source, "id": case.id,
-                                                 "document": case.incarnation_document(index)}))
+                replace(case, document=case.incarnation_document(index)).write(case_file)
             fault = registry.resolve("fault", incarnation.fault.kind)(incarnation.fault)
             fault.setup(env)  # a launch's own fault (`Fault.in_timelines`: no first-run setup or heal)
             try:
