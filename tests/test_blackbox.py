@@ -78,6 +78,7 @@ def test_contract_lines_parse_exactly_and_other_output_is_ignored():
     ({"kind": "kill", "rank": 0, "step": 1, "point": "write", "file": "x"}, "fault.after_bytes"),
     ({"kind": "kill", "rank": 0, "step": 1, "point": "open", "file": "/etc/passwd"}, "fault.file"),
     ({"kind": "kill", "rank": 0, "step": 1, "seconds": 3}, "fault.seconds"),
+    ({"kind": "partition", "rank": 0, "step": 1, "seconds": 3, "scope": "node"}, "fault.scope"),
 ])
 def test_a_bad_black_box_fault_names_the_key(document, key):
     with pytest.raises(ScenarioError, match=key.replace(".", r"\.")):

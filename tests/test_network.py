@@ -260,3 +260,35 @@ def test_shipped_network_scenario_covers_both_kinds_and_both_outcomes():
         else:  # one all-reduce of the gradients (about workload.size bytes each way) at the rate
             delay = case.workload.size_bytes * 8 / 1000 / case.fault.params["rate_kbit"]
             assert delay <= timeout / 5 or (delay >= 2 * timeout and case.fault.params["seconds"] >= 2 * timeout)
+
+
+@needs_network
+def test_a_partition_on_an_unmodified_script_moves_its_ranks_into_namespaces_and_cuts_rank_1(tmp_path):
+    """Black-box mode: the startup hook puts each rank of the first launch in a namespace of its own
+    and points the launcher's MASTER_ADDR at rank 0's; the group's store and gloo cross the bridge."""
+    from resilience.core.events import read_events
+    from resilience.run.blackbox import BlackBoxJob, qualify_script
+
+    from .procs import pids_naming
+
+    script = Path(__file__).resolve().parent.parent / "examples" / "scripts" / "gpt_trainer.py"
+    job = BlackBoxJob(script=script, args=("--out-dir", "{checkpoint_dir}"),
+                      restart_args=("--out-dir", "{checkpoint_dir}", "--init-from", "resume"))
+    result = qualify_script(job, {"kind": "partition", "rank": 1, "step": 6, "seconds": 3},
+                            work_root=tmp_path, keep=True)
+    try:
+        assert result.verdict.kind is VerdictKind.RECOVERED, result.verdict.findings
+        record = json.loads((result.work_dir / "job" / network.RECORD).read_text())
+        first_run = result.work_dir / "job" / "launch0.restart0"
+        joined = [e for rank in (0, 1) for e in read_events(first_run / f"rank{rank}.events.jsonl")
+                  if e["event"] == "network_joined"]
+        assert sorted((e["rank"], e["address"]) for e in joined) == [(0, "10.213.0.1"), (1, "10.213.0.2")]
+        assert record["impaired"] == [1] and record["removed"] is True
+        assert record["lifted_at"] - record["applied_at"] >= 3
+        # the collectives and the store crossed each rank's veth: far more than a few handshakes
+        assert all(counts["tx_bytes"] > 100_000 for counts in record["counters"].values()), record["counters"]
+        assert [e["rank"] for log in result.first_run for e in log.fault_events] == [1]
+        assert not [name for name in netns.list_namespaces() if name.startswith(f"resilience-{os.getpid()}-")]
+    finally:
+        shutil.rmtree(result.work_dir)
+    assert pids_naming(tmp_path) == [], "a rank or torchrun outlived the run"

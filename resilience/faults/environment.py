@@ -66,6 +66,12 @@ class CaseEnvironment:
     case_dir: Path
     checkpoint_dir: Path
     object_store: Any = None  # the case's `resilience.objectstore.server.S3Store`, when it has one
+    script_ranks: int = 0  # a user's script: the first run's world size (a case's is its workload's)
+
+    @property
+    def world_size(self) -> int:
+        """The first run's world size, of the case's workload or of the script."""
+        return self.case.workload.world_size if self.case is not None else self.script_ranks
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,8 @@ class _BlackBoxRun:
             raise NotReproducible(f"{self.job.script} is not reproducible: {parted}; it cannot be judged bitwise "
                                   "(oracle: envelope judges it within the spread of several runs)")
         job_dir = self.work_dir / "job"
-        env = CaseEnvironment(case=None, case_dir=job_dir, checkpoint_dir=job_dir / "checkpoints")
+        env = CaseEnvironment(case=None, case_dir=job_dir, checkpoint_dir=job_dir / "checkpoints",
+                              script_ranks=self.job.nproc_per_node)
         job_dir.mkdir()
         if self.harness_side.explores:  # power_loss: restarts of the script on each crash state
             return self._explore(job_dir, reference, envelope)

@@ -174,13 +174,12 @@ class AgentLaunch(RankGroup):
         janitor.release("pgid", self.launcher.pid)
 
     def _is_ours(self, pid: int) -> bool:
-        """Named by the marker and on this node: other nodes' ranks (nodes on one machine are
-        network namespaces, `resilience.launch.nodes`) are their own launchers' to end; and below
-        our torchrun: on separate machines another node's pid can name any process here, this
-        driver included."""
+        """Named by the marker and below our torchrun: other nodes' ranks (nodes on one machine are
+        network namespaces, `resilience.launch.nodes`) descend from their own launchers, and on
+        separate machines another node's pid can name any process here, this driver included. Not
+        by network namespace: a script's rank may move into one of the case's own (a network fault)."""
         try:
-            named = (self.marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-                     and os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino)
+            named = self.marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             return False
         return named and descends_from(pid, self.launcher.pid)

@@ -140,6 +140,8 @@ def _checked_fault(v: Validator, value: Any, world_size: int) -> FaultSpec:
     if problem:
         raise v.error("fault.kind", f"not available on a user's script: {problem}", kind, script_faults())
     fault = check_fault(v, value, ScriptBounds(world_size))
+    if fault.params.get("scope") == "node":
+        raise v.error("fault.scope", "cuts off a node, and a script's ranks all run on this one", "node", "rank")
     if fault.trigger is not None and fault.trigger.point == MICRO_STEP:
         raise v.error("fault.point", "fires between the micro-batches of a step, which a script does not report",
                       MICRO_STEP, "start")

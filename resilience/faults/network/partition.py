@@ -29,6 +29,13 @@ not one of its ranks). Each node's driver calls ``supervise`` with handles to it
 the driver of the trigger rank's node applies the rule in its node's namespace (the node's ranks
 still reach each other over its own address, which the kernel routes through loopback) and
 records ``network.node<N>.json``.
+
+On a user's own script under torchrun (black-box mode) the ranks join their namespaces from the
+startup hook, before the script imports ``torch.distributed``; its ``init_process_group()`` reads
+the launcher's ``MASTER_ADDR``, which then names rank 0's namespace address: rank 0 hosts the
+group's store there (torchrun's store per round, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), so the
+rendezvous crosses the bridge with the collectives. The torchrun agent stays on the machine's own
+network, and ranks it restarts run on loopback.
 """
 from __future__ import annotations
 
@@ -58,6 +65,7 @@ class NetworkFault(Fault):
     points: ClassVar[dict[str, tuple[str, ...]]] = {"train": ("start",), "save": ("start",)}
     byte_points = ()
     supervises = True
+    supervises_by_signals = True  # besides the rules, only the ack to the trigger rank reaches a rank
     #: commands a subclass needs besides ``ip``, with the package that provides them
     tools: ClassVar[dict[str, str]] = {}
 
@@ -94,11 +102,13 @@ class NetworkFault(Fault):
             self.record = {"kind": self.kind, "node": os.environ.get(NODE_ENV), **self.node_link}
             return
         stale = remove_stale_namespaces()
-        self.wiring = NamespaceWiring(env.case.workload.world_size)
-        placement, world = env.case.placement, env.case.workload.world_size
-        node = placement.node_of(self.trigger.rank)
-        self.impaired = (tuple(r for r in range(world) if placement.node_of(r) == node)
-                         if self.spec.params.get("scope") == "node" else (self.trigger.rank,))
+        world = env.world_size
+        self.wiring = NamespaceWiring(world)
+        self.impaired = (self.trigger.rank,)
+        if self.spec.params.get("scope") == "node":  # a script has no placement: refused at load
+            placement = env.case.placement
+            node = placement.node_of(self.trigger.rank)
+            self.impaired = tuple(r for r in range(world) if placement.node_of(r) == node)
         try:
             self.wiring.create()
             self.probe()
@@ -178,12 +188,15 @@ class NetworkFault(Fault):
             return
         if env.case_dir is None or not (env.case_dir / RECORD).exists():
             raise RuntimeError(f"{self.kind}: no {RECORD} from the harness side (was setup skipped?)")
-        me = json.loads((env.case_dir / RECORD).read_text())["ranks"][env.rank]
+        wiring = json.loads((env.case_dir / RECORD).read_text())["ranks"]
+        me = wiring[env.rank]
         # blocked from now on, in every thread started later too: the harness's ack stays pending
         # until `at` takes it, instead of ending the process (SIGUSR2's default action)
         signal.pthread_sigmask(signal.SIG_BLOCK, {ACK})
         join_namespace(me["namespace"])
         os.environ["GLOO_SOCKET_IFNAME"] = me["ifname"]  # read when the process group is created
+        if "MASTER_ADDR" in os.environ:  # a launcher's env:// rendezvous: rank 0 serves it in its namespace
+            os.environ["MASTER_ADDR"] = wiring[0]["address"]
         env.emit("network_joined", namespace=me["namespace"], ifname=me["ifname"], address=me["address"])
 
     def at(self, phase: str, step: int) -> None:
