@@ -16,6 +16,7 @@ def observed(monkeypatch):
     import torch.optim.optimizer as optimizer_module
 
     monkeypatch.setattr(torch.autograd, "backward", torch.autograd.backward)
+    monkeypatch.setattr(torch.optim.Optimizer, "load_state_dict", torch.optim.Optimizer.load_state_dict)
     monkeypatch.setattr(optimizer_module, "_global_optimizer_pre_hooks", optimizer_module.OrderedDict())
     monkeypatch.setattr(optimizer_module, "_global_optimizer_post_hooks", optimizer_module.OrderedDict())
     events, places = [], []
@@ -103,6 +104,48 @@ def test_each_rank_is_judged_against_its_own_reference_and_an_overwritten_checkp
     assert verdict.kind is VerdictKind.LOUD
     assert ("the newest complete checkpoint (step 2) was overwritten in place by the save of step 4 (ckpt.pt)"
             in verdict.findings[-1])
+
+
+def test_a_restart_that_trains_no_step_is_judged_by_the_state_it_loaded():
+    """A power cut after the final save: the restart comes back at the run's last step and ends,
+    or at an older one and ends too (the step it is given says so), found from the loaded state."""
+    import dataclasses
+
+    reference = [log(0, LOSSES, DIGESTS, saved=[2, 4]), log(1, LOSSES, DIGESTS)]
+    first = [log(0, LOSSES, DIGESTS, saved=[2]), log(1, LOSSES, DIGESTS)]  # the step-4 save never returned
+    at_the_end = [dataclasses.replace(log(rank), state_at_exit=AFTER[4]) for rank in (0, 1)]
+    verdict = judge_logs(reference, first, at_the_end, None)
+    assert verdict.kind is VerdictKind.RECOVERED and verdict.restored_step == 4, verdict.findings
+    assert any("the restart trained no step" in line for line in verdict.findings)
+    assert any("accepted only because its parameter and optimizer digests are that step's, the run's last" in line
+               for line in verdict.findings)
+    older = [dataclasses.replace(log(rank), state_at_exit=AFTER[2]) for rank in (0, 1)]
+    verdict = judge_logs(reference, first, older, None)
+    assert verdict.kind is VerdictKind.SILENT and verdict.restored_step == 2
+    assert "the restarted job ended at step 2 without an error" in verdict.findings[0]
+
+
+def test_an_optimizer_loaded_before_any_step_is_digested_at_exit_and_forgotten_once_one_runs(observed):
+    events, _ = observed
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    after_step = [fields["digest"] for name, fields in events if name == "step_done"]
+    saved = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    restarted = []  # a restarted rank's observer: it loads the checkpoint and ends without a step
+    fresh = StepObserver(lambda name, **fields: restarted.append((name, fields)), lambda *a: None, lambda s: None)
+    fresh.install()
+    model, optimizer = torch.nn.Linear(2, 1), None
+    model.load_state_dict(saved["model"])
+    optimizer = torch.optim.AdamW(model.parameters())
+    optimizer.load_state_dict(saved["optimizer"])
+    fresh.exiting()
+    assert [fields["digest"] for name, fields in restarted if name == "state_at_exit"] == after_step
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()  # a step ran: its digests say what was restored, nothing at exit
+    fresh.exiting()
+    assert [name for name, _ in restarted].count("state_at_exit") == 1
 
 
 def test_the_restore_s_reads_are_on_record_and_cross_checked_with_the_saves_that_wrote_them():

@@ -108,6 +108,10 @@ class RankSide:
     #: ``file`` may be, resolved by the rank side from its IO trace; read by the scenario validator
     #: at load, which refuses any other selector
     trace_targets: ClassVar[tuple[str, ...]] = ()
+    #: whether ``after_save`` may also be called as the rank's process exits normally inside a save
+    #: (a script's final save, which no backward follows: black-box mode): the fault then needs
+    #: no peer, since the others may be gone already; read by the black-box startup hook
+    after_save_at_exit: ClassVar[bool] = False
     #: whether the restart's ranks arm the fault too (faults that act on the restore's reads); read
     #: by the worker when it starts a restarted rank
     arms_at_restart: ClassVar[bool] = False

@@ -42,6 +42,7 @@ class RankLog:
     written: tuple[tuple[str, int, str], ...] = ()  # (file, clock step, clock phase) as each was closed
     after: dict[int, dict[str, str]] = field(default_factory=dict)  # hook step -> its state once stepped
     read: tuple[str, ...] = ()  # files a restarted rank opened for reading before its first backward
+    state_at_exit: dict[str, str] | None = None  # a rank that trained no step: the state it loaded
 
     @classmethod
     def from_events(cls, rank: int, events: list[dict]) -> RankLog:
@@ -55,7 +56,8 @@ class RankLog:
                    digests={e["step"]: e["digest"] for e in observed},
                    written=tuple((e["file"], e["step"], e["phase"]) for e in events if e["event"] == "file_written"),
                    after={e["step"]: e["digest"] for e in events if e["event"] == "step_done"},
-                   read=tuple(e["file"] for e in events if e["event"] == "file_read"))
+                   read=tuple(e["file"] for e in events if e["event"] == "file_read"),
+                   state_at_exit=next((e["digest"] for e in events if e["event"] == "state_at_exit"), None))
 
     @property
     def uses_contract(self) -> bool:
@@ -94,7 +96,7 @@ def restored_steps(reference: list[RankLog], first_run: list[RankLog], restart: 
         return Restore({log.rank: log.restored[0] for log in restart if log.restored})
     steps, silent, notes = {}, [], []
     for log in restart:
-        first = log.digests.get(min(log.digests, default=0))
+        first = log.digests.get(min(log.digests, default=0), log.state_at_exit)
         if first is None or log.rank >= len(reference):
             continue
         ours = next((other for other in first_run if other.rank == log.rank), None)
@@ -158,8 +160,11 @@ def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list
         silent += restore.silent
         notes += restore.notes
         restored_step = restore.steps.get(0)
-        found, more = rules.restore_findings(restore.steps, complete, fallback_ok, "its parameter and optimizer "
-                                             "digests are that step's" if rescaled else "the losses after it match")
+        idle = not any(log.step_losses() for log in restart)
+        found, more = rules.restore_findings(
+            restore.steps, complete, fallback_ok,
+            "its parameter and optimizer digests are that step's" + (", the run's last" if idle else "")
+            if rescaled or idle else "the losses after it match")
         silent += found
         notes += more
         notes += [rescaled] if rescaled else []
@@ -177,7 +182,7 @@ def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list
 
     first_error = _first_error(first_run, "first_run") or _first_error(restart or [], "restart")
     idle_restart = restart and not any(log.step_losses() for log in restart)
-    if idle_restart and complete == final_step and not first_error and not hung:
+    if idle_restart and final_step in (complete, restored_step) and not first_error and not hung:
         notes.append(f"the restart trained no step: the step-{final_step} checkpoint was the run's last, so there "
                      "was nothing left to compare after its restore")
     elif restart and not first_error and not hung:

@@ -58,7 +58,9 @@ def install(config_text: str) -> None:
                 listeners=[written], read_listeners=[] if incarnation.is_first else [ReadFiles(events.emit, clock)])
     place = RankPlace(clock, fault, written, events.emit)
     atexit.register(place.exiting)
-    StepObserver(events.emit, place.move, place.save_returned).install()
+    observer = StepObserver(events.emit, place.move, place.save_returned)
+    observer.install()
+    atexit.register(observer.exiting)  # before place.exiting (last in, first out), which may end the process
     sys.stdout = ContractReader(sys.stdout, events, place)
     previous_hook = sys.excepthook
 
@@ -113,9 +115,14 @@ class RankPlace:
             self.fault.after_save(None, step)
 
     def exiting(self) -> None:
-        """At a normal exit (atexit also runs after an uncaught exception: not then)."""
-        if not self.failed and self.clock.phase == "save" and self.clock.step in self.written.save_steps:
+        """At a normal exit (atexit also runs after an uncaught exception: not then): a save the
+        rank was in has returned, the script's final one."""
+        if self.failed or self.clock.phase != "save":
+            return
+        if self.clock.step in self.written.save_steps:
             self.emit("save_returned", step=self.clock.step)
+        if self.fault is not None and self.fault.after_save_at_exit:
+            self.fault.after_save(None, self.clock.step)
 
 
 class ContractReader:

@@ -19,6 +19,12 @@ hyperparameters a loop rewrites, such as ``lr``) and the RNG streams; after it, 
 of that step holds. The restored step of a restart is the step whose saved state holds the
 parameters the restarted rank starts from; the other parts then say what else came back.
 
+A restarted rank that trains no step (it restored the run's last checkpoint, so the script ends)
+has no boundary to digest: the optimizers it loaded before any step
+(``torch.optim.Optimizer.load_state_dict``, wrapped) are kept and digested as the process exits
+normally (``exiting``), so the step it came back at is still found. A loop that loads its
+optimizer's state by other means leaves such a restart's step unknown.
+
 Where the hooks cannot see the loop (closures that call backward inside ``optimizer.step``,
 pipeline schedules that call backward per micro-batch outside autograd's entry point, a loop with
 no torch optimizer) the script's contract lines (`core.log_contract`) still override them.
@@ -87,6 +93,7 @@ class StepObserver:
         self.depth = 0  # nesting of backward calls (any thread: the engine's re-entrant ones too)
         self.training = False  # between the first backward of a step and its boundary
         self.at_boundary = False  # inside the boundary's optimizer step
+        self.loaded: list[Any] = []  # optimizers whose state was loaded before the first boundary
 
     def install(self) -> None:
         import torch
@@ -104,8 +111,22 @@ class StepObserver:
                 self.depth -= 1
 
         torch.autograd.backward = backward
+        real_load = torch.optim.Optimizer.load_state_dict
+
+        def load_state_dict(optimizer, *args, **kwargs):
+            result = real_load(optimizer, *args, **kwargs)
+            if not self.steps and optimizer not in self.loaded:
+                self.loaded.append(optimizer)  # kept to the exit: a restart may end without a step
+            return result
+
+        torch.optim.Optimizer.load_state_dict = load_state_dict
         register_optimizer_step_pre_hook(self._before_optimizer_step)
         register_optimizer_step_post_hook(self._after_optimizer_step)
+
+    def exiting(self) -> None:
+        """At a normal exit: the state a rank that trained no step restored (the last optimizer it loaded)."""
+        if not self.steps and self.loaded:
+            self.emit("state_at_exit", digest=state_digest(self.loaded[-1], rng=False))
 
     def _before_backward(self, tensors: Any) -> None:
         import torch
@@ -125,6 +146,7 @@ class StepObserver:
             return  # no backward since the last boundary: the same step's second optimizer call
         self.steps += 1
         self.at_boundary = True
+        self.loaded.clear()  # its digests say what was restored from now on
         self.emit("observed_step", step=self.steps, loss=sum(self.micro_losses), micro_losses=self.micro_losses,
                   digest=state_digest(optimizer))
         self.micro_losses = []

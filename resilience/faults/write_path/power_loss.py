@@ -38,6 +38,7 @@ class PowerLoss(Fault, WriteListener):
     params = {"profile": (PROFILES, "ci")}
 
     explores = True  # the harness hands the case to the explorer
+    after_save_at_exit = True  # it only closes this rank's trace: a script's final save is traced too
 
     def __init__(self, spec):
         super().__init__(spec)
