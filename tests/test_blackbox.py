@@ -139,6 +139,20 @@ def test_the_cli_qualifies_the_example_without_a_fault_through_a_second_launch(t
     assert list(tmp_path.iterdir()) == []
 
 
+def test_resilience_run_runs_a_script_scenario_as_the_main_job_does(tmp_path, capsys):
+    from resilience.commands.cli import main
+
+    scenario = tmp_path / "mine.scenario.yaml"
+    scenario.write_text(f"name: mine\nscript: {{path: {EXAMPLE}, args: [--checkpoint-dir, '{{checkpoint_dir}}']}}\n"
+                        "expect: recovers\nmatrix:\n  - {fault: none}\n  - {fault: {kind: kill, rank: 1, step: 6}}\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    assert main(["run", "--workdir", str(work), "--no-cache", str(scenario)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(line.startswith("PASSED RECOVERED expected RECOVERED") for line in lines), lines
+    assert list(work.iterdir()) == []
+
+
 SCRIPT_SCENARIO = """
 name: a script
 script: {path: SCRIPT, args: [--out, "{checkpoint_dir}"], nproc_per_node: 2}

@@ -8,12 +8,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 
-from ..core.case import Case
+from ..core.case import Case, ScriptCase
 from ..core.records import CaseResult
 from ..errors import ResilienceError, Unavailable
-from ..oracle.outcome import judge_case
+from ..oracle.outcome import judge_case, judge_outcome
 from ..report.text import render, verdict_line
-from ..scenario.discovery import load_cases
+from ..run.blackbox_records import BlackBoxResult, describe
+from ..scenario.discovery import load_all_cases
 
 
 def skips_fail() -> bool:
@@ -30,11 +31,12 @@ def selection(case_id: str | None, deep: bool) -> Callable[[Case], bool]:
     return lambda case: deep or case.tier != "deep"
 
 
-def load_or_report(paths: Iterable[str], selected: Callable[[Case], bool] = lambda case: True
-                   ) -> tuple[list[Case], int]:
-    """The selected cases, and how many files could not be loaded (each error printed)."""
+def load_or_report(paths: Iterable[str], selected: Callable[[Case], bool] = lambda case: True,
+                   scripts: bool = False) -> tuple[list[Case], int]:
+    """The selected cases (``scripts``: those on users' scripts too), and how many files could not
+    be loaded (each error printed)."""
     try:
-        cases, errors = load_cases(paths, selected)
+        cases, errors = load_all_cases(paths, selected, scripts=scripts)
     except ResilienceError as exc:  # a path that does not exist
         cases, errors = [], [str(exc)]
     for error in errors:
@@ -42,11 +44,16 @@ def load_or_report(paths: Iterable[str], selected: Callable[[Case], bool] = lamb
     return cases, len(errors)
 
 
-def run_and_report(cases: Iterable[Case], run_case: Callable[[Case], CaseResult], show_findings: bool = False) -> int:
+def run_and_report(cases: Iterable[Case | ScriptCase], run_case: Callable[[Case], CaseResult],
+                   show_findings: bool = False,
+                   run_script: Callable[[ScriptCase], BlackBoxResult] | None = None) -> int:
     """Run every case, print its outcome; the number of failures. ``show_findings``: print a passing
-    case's findings too (exploration summaries)."""
+    case's findings too (exploration summaries); ``run_script``: how a case on a user's script runs."""
     failures = 0
     for case in cases:
+        if isinstance(case, ScriptCase):
+            failures += _run_script_case(case, run_script)
+            continue
         try:
             result = run_case(case)
         except Unavailable as exc:
@@ -65,3 +72,24 @@ def run_and_report(cases: Iterable[Case], run_case: Callable[[Case], CaseResult]
             failures += 1
             print(render(result, outcome.reason), flush=True)
     return failures
+
+
+def _run_script_case(case: ScriptCase, run_script: Callable[[ScriptCase], BlackBoxResult]) -> int:
+    """One case on a user's script, judged by the same rules; 1 if it failed."""
+    name = f"{case.source}[{case.id}]"
+    try:
+        result = run_script(case)
+    except Unavailable as exc:
+        print(f"SKIPPED {name}: {exc}", flush=True)
+        return int(skips_fail())
+    except ResilienceError as exc:
+        print(f"ERROR {name}: {exc}", flush=True)
+        return 1
+    outcome = judge_outcome(case, result.verdict, result.fault_fired)
+    restored = "-" if result.verdict.restored_step is None else result.verdict.restored_step
+    print(f"{outcome.status.upper():<6} {result.verdict.kind.value:<9} expected {case.expect.verdict.value:<9} "
+          f"{name} (restored step {restored}, newest complete {result.verdict.complete_step})", flush=True)
+    if outcome.status != "failed":
+        return 0
+    print(f"{outcome.reason}\n{describe(result)}", flush=True)
+    return 1

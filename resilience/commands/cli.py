@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..core import registry
 from ..launch.backend import BACKENDS, DEFAULT_BACKEND
+from ..run.blackbox import run_script_case
 from ..run.explore import PROFILES
 from ..run.harness import Harness
 from ..run.reference_cache import ReferenceCache, default_cache_dir
@@ -121,8 +122,9 @@ def _main(argv: list[str] | None) -> int:
         cases, broken = load_or_report(
             args.paths, lambda case: only(case) and registry.resolve("fault", case.fault.kind).explores)
         return 1 if run_and_report(cases, harness.run, show_findings=True) + broken else 0
-    cases, broken = load_or_report(args.paths, only)
-    return 1 if run_and_report(cases, harness.run) + broken else 0
+    cases, broken = load_or_report(args.paths, only, scripts=True)
+    return 1 if run_and_report(cases, harness.run, run_script=lambda case: run_script_case(
+        case, work_root=args.workdir, keep=args.keep, cache=cache)) + broken else 0
 
 
 if __name__ == "__main__":
