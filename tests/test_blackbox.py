@@ -116,6 +116,31 @@ def test_a_restart_at_another_world_size_is_judged_by_its_restore_not_its_losses
     assert judge_logs(REFERENCE, first, older, None, rescaled=said).kind is VerdictKind.SILENT  # a lost checkpoint
 
 
+def test_a_continuation_at_the_restart_s_world_size_is_the_oracle_of_its_losses():
+    first = [log(0, {1: 0.5, 2: 0.4}, saved=[2]), log(1, {1: 0.5, 2: 0.4}, saved=[2], fault_events=[KILL])]
+    continuation = [log(0, {3: 0.31, 4: 0.21}, restored=[2])]  # the uninterrupted run's step-2 save resumed alone
+    said = "the restart ran at world size 1 ...: its losses are judged bitwise against a continuation"
+    same = [log(0, {3: 0.31, 4: 0.21}, restored=[2])]
+    verdict = judge_logs(REFERENCE, first, same, None, rescaled=said, continuation=continuation)
+    assert verdict.kind is VerdictKind.RECOVERED and said in verdict.findings
+    reseeded = [log(0, {3: 0.31, 4: 0.25}, restored=[2])]
+    verdict = judge_logs(REFERENCE, first, reseeded, None, rescaled=said, continuation=continuation)
+    assert verdict.kind is VerdictKind.SILENT and verdict.divergence.step == 4
+    assert "rank 0 loss at step 4 is 0.25, the reference continuation has 0.21" in verdict.findings[0]
+
+
+def test_a_continuation_needs_a_restart_at_another_world_size(tmp_path):
+    from resilience.scenario.loader import load_any_file
+
+    scenario = write_script_scenario(tmp_path, fault="{kind: kill, rank: 1, step: 6}")
+    scenario.write_text(scenario.read_text().replace("nproc_per_node: 2}", "nproc_per_node: 2, continuation_args: "
+                                                     "[--out, '{checkpoint_dir}']}"))
+    with pytest.raises(ScenarioError, match=r"script\.continuation_args: resumes a restart at another world size"):
+        load_any_file(scenario)
+    with pytest.raises(ScenarioError, match="continuation_args"):
+        qualify_script(BlackBoxJob(script=EXAMPLE, continuation_args=("--resume",)), None, work_root=tmp_path)
+
+
 def test_errors_after_an_injected_kill_are_consequences_and_a_restore_error_is_loud():
     peer_error = {"event": "error", "rank": 0, "type": "RuntimeError", "message": "Connection closed", "time": 11.0}
     first = [log(0, {1: 0.5}, saved=[], errors=[peer_error]), log(1, {1: 0.5}, fault_events=[KILL])]

@@ -32,6 +32,9 @@ def add_blackbox_command(sub) -> None:
     command.add_argument("--nproc-per-node", type=int, default=2)
     command.add_argument("--restart-nproc-per-node", type=int, default=None, choices=range(1, 65), metavar="1..64",
                          help="the restart's ranks, where it restarts at another world size (not judged bitwise)")
+    command.add_argument("--continuation-args", default=None,
+                         help="the arguments that resume the job at --restart-nproc-per-node ranks, one string: its "
+                              "losses from an uninterrupted run's save are the rescaled restart's oracle")
     command.add_argument("--max-restarts", type=int, default=1)
     command.add_argument("--timeout", type=float, default=300.0, help="seconds per torchrun launch before HANG")
     command.add_argument("--workdir", type=Path)
@@ -57,6 +60,8 @@ def blackbox_main(args: argparse.Namespace) -> int:
                       restart_args=tuple(shlex.split(args.restart_args)) if args.restart_args is not None else None,
                       env=dict(item.split("=", 1) for item in args.env), nproc_per_node=args.nproc_per_node,
                       restart_nproc_per_node=args.restart_nproc_per_node,
+                      continuation_args=(tuple(shlex.split(args.continuation_args))
+                                         if args.continuation_args is not None else None),
                       max_restarts=args.max_restarts, launch_timeout_s=args.timeout, oracle=args.oracle,
                       references=args.references or (3 if args.oracle == "envelope" else 2),
                       envelope_factor=args.envelope_factor)

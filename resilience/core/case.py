@@ -205,6 +205,9 @@ class ScriptSpec:
     restart_args: tuple[str, ...] | None = None  # the restart's own arguments (None: ``args``)
     nproc_per_node: int = 2
     restart_nproc_per_node: int | None = None  # the restart's world size (None: the same)
+    #: resumes the job at ``restart_nproc_per_node`` ranks, uninterrupted: the oracle of the
+    #: rescaled restart's losses (None: they are not judged)
+    continuation_args: tuple[str, ...] | None = None
     max_restarts: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
     oracle: str = "bitwise"  # or "envelope": within the spread of ``references`` uninterrupted runs

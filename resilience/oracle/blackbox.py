@@ -128,13 +128,16 @@ def _matching_step(states: dict[int, dict[str, str]], part: str, value: str) -> 
 
 def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list[RankLog] | None,
                hung: str | None, envelope: Envelope | None = None, fallback_ok: bool = False,
-               rescaled: str | None = None, reads_from_run: bool = True) -> Verdict:
+               rescaled: str | None = None, reads_from_run: bool = True,
+               continuation: list[RankLog] | None = None) -> Verdict:
     """``reference``: the uninterrupted run, one log per rank; ``first_run`` and ``restart``: one
     log per rank (``restart`` None when the job never restarted); ``hung``: the part past its
     deadline. Each rank is judged against its own reference, bitwise, or within ``envelope``
     (a script that is not reproducible). ``fallback_ok``: an older checkpoint than the newest
     complete one may be restored (the intact-checkpoint probe hid the newest). ``rescaled``: the
-    restart ran at another world size, said in these words; its losses are not compared.
+    restart ran at another world size, said in these words; its losses are not compared, unless
+    ``continuation`` (one log per rank at the restart's size, resumed from an uninterrupted run's
+    save of the step the restart restored) gives them their oracle.
     ``reads_from_run``: the files the restart read hold what the first run last wrote (not so in
     a rebuilt crash state), so their saves are cross-checked with the restored step."""
     expected = {log.rank: log.step_losses() for log in reference}
@@ -169,11 +172,16 @@ def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list
         notes += more
         notes += [rescaled] if rescaled else []
         notes += read_notes(first_run, restart, restored_step if reads_from_run else None)
+        oracle = expected if continuation is None else \
+            {log.rank: log.step_losses(restored_step or 0) for log in continuation}
         for log in restart:
-            if log.rank not in restore.steps or rescaled:
+            if log.rank not in restore.steps or (rescaled and continuation is None):
                 continue
             step, losses = restore.steps[log.rank], log.step_losses(restore.steps[log.rank])
-            if envelope is not None:
+            if continuation is not None:
+                after, lines = rules.after_restore_divergence({log.rank: losses}, oracle.get(log.rank, {}), step,
+                                                              "restart")
+            elif envelope is not None:
                 after, lines = envelope.miss(log.rank, losses, "restart", step)
             else:
                 after, lines = rules.after_restore_divergence({log.rank: losses}, expected.get(log.rank, {}), step,

@@ -56,7 +56,7 @@ def install(config_text: str) -> None:
                                        clock=clock, emit=events.emit, case_dir=Path(config["run_dir"]),
                                        incarnation="first_run" if incarnation.is_first else "restart"),
                 listeners=[written], read_listeners=[] if incarnation.is_first else [ReadFiles(events.emit, clock)])
-    place = RankPlace(clock, fault, written, events.emit)
+    place = RankPlace(clock, fault, written, events.emit, config.get("stop_after_save"))
     atexit.register(place.exiting)
     observer = StepObserver(events.emit, place.move, place.save_returned)
     observer.install()
@@ -93,10 +93,14 @@ def _armed_fault(config: dict, incarnation):
 class RankPlace:
     """Where the rank is, from the step hooks or the contract lines (whichever sees it first), and
     the armed fault told once per place. A save this rank wrote files in has returned once the
-    rank trains on, or once the script ends normally after it (``save_returned``)."""
+    rank trains on, or once the script ends normally after it (``save_returned``). With
+    ``stop_after``, the rank ends (exit status 0) once its save of that step returned, before the
+    next step's backward reaches any collective: the checkpoint directory then holds that save, for
+    a continuation to resume (`run.script_continuation`)."""
 
-    def __init__(self, clock, fault, written, emit):
+    def __init__(self, clock, fault, written, emit, stop_after: int | None = None):
         self.clock, self.fault, self.written, self.emit = clock, fault, written, emit
+        self.stop_after = stop_after
         self.failed = False  # the script raised: its last save did not return
 
     def move(self, phase: str, step: int) -> None:
@@ -113,6 +117,10 @@ class RankPlace:
             self.emit("save_returned", step=step)
         if self.fault is not None:
             self.fault.after_save(None, step)
+        if step == self.stop_after:
+            self.emit("stopped_after_save", step=step)
+            sys.stdout.flush()
+            os._exit(0)
 
     def exiting(self) -> None:
         """At a normal exit (atexit also runs after an uncaught exception: not then): a save the

@@ -58,6 +58,7 @@ from ..scenario.script_case import check_script_fault
 from .blackbox_records import BlackBoxJob, BlackBoxResult, describe
 from .explore import PROFILE_VARIABLE, check_fidelity
 from .intact_probe import probe_older_checkpoint
+from .script_continuation import continuation_key, described, run_continuation
 from .script_explore import explore_script
 from .supervisor import AgentLaunch, deadline_after, supervise
 
@@ -75,6 +76,9 @@ def qualify_script(job: BlackBoxJob, fault: Mapping[str, Any] | None, *, work_ro
                    keep: bool = False, cache: DirectoryCache | None = None) -> BlackBoxResult:
     """``fault``: a scenario's fault section (``{"kind": "kill", "rank": 1, "step": 6}``)."""
     spec = check_script_fault(fault, "black-box fault", job.nproc_per_node)
+    if job.continuation_args is not None and job.restart_nproc_per_node in (None, job.nproc_per_node):
+        raise ScenarioError("black-box job", "continuation_args", "resumes a restart at another world size, and the "
+                            "restart has the first run's", list(job.continuation_args), "restart_nproc_per_node set")
     if not Path(job.script).is_file():
         raise ScenarioError(str(job.script), "script", "no such file", str(job.script))
     with janitor.temporary_directory("resilience-blackbox-", work_root, keep) as work_dir:
@@ -142,6 +146,12 @@ class _BlackBoxRun:
             first = self._logs(job_dir, Incarnation(0, 0))
             restart = self._logs(job_dir, restart_incarnation) if restart_incarnation else None
             verdict = judge_logs(reference, first, restart, hung, envelope, rescaled=self.rescaled)
+            final = max(reference[0].step_losses(), default=0)
+            if self.job.continuation_args is not None and restart and not hung \
+                    and verdict.restored_step is not None and verdict.restored_step < final:
+                step = verdict.restored_step
+                verdict = judge_logs(reference, first, restart, hung, envelope, rescaled=described(self.job, step),
+                                     continuation=self._continuation(step))
             if hung:  # where each rank of the launch that hung waits, from its stack dump
                 dumps = sorted(job_dir.glob(f"launch{last_launch}.*/rank*.stacks.txt"))
                 waits = [waiting_place(int(path.name[4:].split(".")[0]), path.read_text(), OUTSIDE_THE_SCRIPT)
@@ -181,6 +191,15 @@ class _BlackBoxRun:
         profile = os.environ.get(PROFILE_VARIABLE) or self.fault["params"].get("profile", "ci")
         verdict, state = explore_script(model, reference, first, restore, profile, envelope, self.rescaled)
         return BlackBoxResult(verdict, tuple(reference), tuple(first), state.restart, None, self.work_dir)
+
+    def _continuation(self, step: int) -> list[RankLog]:
+        """The rescaled restart's oracle from ``step`` (`run.script_continuation`), cached with the references."""
+        def build(directory: Path) -> Path:
+            return run_continuation(directory, self.job, step, self._launch)
+
+        directory = build(self.work_dir / "continuation") if self.cache is None else \
+            self.cache.entry(continuation_key(self.reference_key(), self.job, step), build)
+        return self._logs(directory, Incarnation(1, 0))
 
     def _restart_again(self, job_dir: Path) -> list[RankLog] | None:
         """One more restart without a fault (launch 2), for the intact-checkpoint probe."""
@@ -226,8 +245,9 @@ class _BlackBoxRun:
                 *(arg.replace(PLACEHOLDER, checkpoint_dir) for arg in args)]
 
     def _launch(self, run_dir: Path, fault: dict | None, launch: int, args: tuple[str, ...],
-                restarts: int) -> str | None:
-        """One torchrun launch; the name of the part that hung, or None."""
+                restarts: int, stop_after: int | None = None) -> str | None:
+        """One torchrun launch; the name of the part that hung, or None. ``stop_after``: each rank
+        ends once its save of that step returned."""
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         env = rank_environment()
         env.update(self.job.env)
@@ -236,7 +256,8 @@ class _BlackBoxRun:
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # see the module's docstring
             "PYTHONPATH": os.pathsep.join([str(STARTUP_DIR), env["PYTHONPATH"]]),
             "RESILIENCE_BLACKBOX": json.dumps({"run_dir": str(run_dir), "checkpoint_dir": str(run_dir / "checkpoints"),
-                                               "fault": fault, "project_root": str(PROJECT_ROOT)}),
+                                               "fault": fault, "project_root": str(PROJECT_ROOT),
+                                               "stop_after_save": stop_after}),
         })
         # the marker: every rank's command line names the script (our torchrun's ranks: see AgentLaunch)
         group = AgentLaunch(self.command(run_dir, args, restarts, launch), env,

@@ -25,6 +25,7 @@ class BlackBoxJob:
     restart_args: tuple[str, ...] | None = None
     nproc_per_node: int = 2
     restart_nproc_per_node: int | None = None  # the restart at another world size
+    continuation_args: tuple[str, ...] | None = None  # resumes it there uninterrupted: its losses' oracle
     max_restarts: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
     launch_timeout_s: float = 300.0  # one torchrun launch still running after this long: HANG

@@ -8,6 +8,8 @@ known_issue, timeouts, matrix) against what is known of a script before it runs.
       restart_args: [--out, "{checkpoint_dir}", --resume]   # optional: the restart's own
       nproc_per_node: 2
       restart_nproc_per_node: 1     # optional: the restart at another world size (not judged bitwise)
+      continuation_args: [--out, "{checkpoint_dir}", --resume]  # optional: ... unless its losses have
+                                    # an oracle: the job resumed there from an uninterrupted run's save
       env: {NAME: value}
       oracle: bitwise               # or envelope (a script that is not reproducible), with
       references: 2                 # uninterrupted runs (envelope: 3) and envelope_factor: 2
@@ -29,9 +31,8 @@ from .schema import MAX_WORLD_SIZE, TIERS
 from .validate import check_expectations, check_fault
 
 SCRIPT_TOP_KEYS = ("name", "description", "tier", "script", "fault", "expect", "known_issue", "timeouts", "matrix")
-SCRIPT_KEYS = ("path", "args", "restart_args", "nproc_per_node", "restart_nproc_per_node", "max_restarts", "env",
-               "oracle", "references",
-               "envelope_factor")
+SCRIPT_KEYS = ("path", "args", "restart_args", "nproc_per_node", "restart_nproc_per_node", "continuation_args",
+               "max_restarts", "env", "oracle", "references", "envelope_factor")
 ORACLES = ("bitwise", "envelope")
 
 @dataclass(frozen=True)
@@ -106,6 +107,11 @@ def check_script(v: Validator, value: Any, directory: Path) -> ScriptSpec:
     nproc = v.integer("script.nproc_per_node", doc.get("nproc_per_node", 2), 1, MAX_WORLD_SIZE)
     restart_nproc = None if doc.get("restart_nproc_per_node") is None else v.integer(
         "script.restart_nproc_per_node", doc["restart_nproc_per_node"], 1, MAX_WORLD_SIZE)
+    continuation = None if doc.get("continuation_args") is None else _strings(v, "script.continuation_args",
+                                                                                doc["continuation_args"])
+    if continuation is not None and restart_nproc in (None, nproc):
+        raise v.error("script.continuation_args", "resumes a restart at another world size, and the restart has "
+                      "the first run's", doc["continuation_args"], "script.restart_nproc_per_node set, or leave it out")
     restarts = v.integer("script.max_restarts", doc.get("max_restarts", 1), 0, 10)
     env = v.mapping("script.env", doc.get("env", {}), tuple(doc.get("env", {}) or ()))
     for key, item in env.items():
@@ -118,7 +124,7 @@ def check_script(v: Validator, value: Any, directory: Path) -> ScriptSpec:
     if oracle == "bitwise" and "envelope_factor" in doc:
         raise v.error("script.envelope_factor", "has no meaning with oracle bitwise", doc["envelope_factor"])
     return ScriptSpec(path=str(path.resolve()), args=args, restart_args=restart_args, nproc_per_node=nproc,
-                      restart_nproc_per_node=restart_nproc,
+                      restart_nproc_per_node=restart_nproc, continuation_args=continuation,
                       max_restarts=restarts, env={key: str(item) for key, item in env.items()}, oracle=oracle,
                       references=references, envelope_factor=factor)
 

@@ -1,0 +1,65 @@
+"""The oracle of a user's script restarted at another world size (``script.continuation_args``).
+
+Such a restart comes back at step S (found by digest), and its losses after S have no reference:
+the uninterrupted runs trained at the first run's size. The continuation gives them one, as the
+built-in strategies' continuation does from a trusted snapshot (`resilience.run.torchrun`):
+
+1. launch 0: the first run's command at its own world size, without a fault, each rank ending
+   (exit status 0) once its save of step S returned (the startup hook's ``stop_after_save``), so
+   the checkpoint directory holds what an uninterrupted run saved at S and nothing later;
+2. launch 1: ``continuation_args`` at the restart's world size on that directory, without a
+   fault, to the end.
+
+Launch 1's losses after S are what the restart's must equal, rank by rank, bitwise. The pair is
+cached beside the references (keyed by them, S, the continuation's arguments and world size).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from ..core.elastic_layout import Incarnation
+from ..core.events import read_events, tail
+from ..errors import HarnessError
+from .blackbox_records import BlackBoxJob
+
+#: launch(run_dir, fault, launch, args, restarts, stop_after) -> the part that hung, or None
+Launch = Callable[[Path, dict | None, int, tuple[str, ...], int, int | None], str | None]
+
+
+def continuation_key(reference_key: str, job: BlackBoxJob, step: int) -> str:
+    identity = [reference_key, step, job.continuation_args, job.restart_nproc_per_node]
+    return "continuation-" + hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32]
+
+
+def run_continuation(directory: Path, job: BlackBoxJob, step: int, launch: Launch) -> Path:
+    """Both launches into ``directory``; raises where either did not end as it should."""
+    hung = launch(directory, None, 0, job.args, 0, step)
+    first = directory / Incarnation(0, 0).name
+    stopped = [rank for rank in range(job.nproc_per_node)
+               if any(e["event"] == "stopped_after_save" for e in read_events(first / f"rank{rank}.events.jsonl"))]
+    if hung or len(stopped) != job.nproc_per_node:
+        raise HarnessError(f"the continuation of {job.script}: an uninterrupted run did not end after its save of step "
+                           f"{step} on every rank (ended so: ranks {stopped}); its output:\n"
+                           f"{tail(directory / 'torchrun.launch0.log')}")
+    hung = launch(directory, None, 1, job.continuation_args, 0, None)
+    resumed = directory / Incarnation(1, 0).name
+    failed = [rank for rank in range(job.restart_nproc_per_node)
+              if any(e["event"] == "error" for e in read_events(resumed / f"rank{rank}.events.jsonl"))]
+    if hung or failed:
+        raise HarnessError(f"the continuation of {job.script} (script.continuation_args at world size "
+                           f"{job.restart_nproc_per_node} from an uninterrupted run's save of step {step}) did not "
+                           f"complete; its output:\n{tail(directory / 'torchrun.launch1.log')}")
+    shutil.rmtree(directory / "checkpoints", ignore_errors=True)  # the events are the oracle
+    return directory
+
+
+def described(job: BlackBoxJob, step: int) -> str:
+    """What the rescaled restart's losses were judged against, for the verdict's notes."""
+    return (f"the restart ran at world size {job.restart_nproc_per_node}, the uninterrupted run at "
+            f"{job.nproc_per_node}: its losses are judged bitwise against a continuation (an uninterrupted run "
+            f"stopped after its save of step {step}, resumed at world size {job.restart_nproc_per_node} by "
+            "script.continuation_args)")
