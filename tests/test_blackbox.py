@@ -310,7 +310,7 @@ def test_a_fault_acting_in_the_restart_names_the_restart_s_world_size(tmp_path):
 
 
 def test_only_a_rendezvous_error_torchrun_raised_counts_as_its_failure():
-    from resilience.run.blackbox import RENDEZVOUS_FAILURE
+    from resilience.run.script_launch import RENDEZVOUS_FAILURE
 
     raised = "...\ntorch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: no peers within 600 s\n"
     assert RENDEZVOUS_FAILURE.search(raised).group(0).endswith("RendezvousTimeoutError: no peers within 600 s")

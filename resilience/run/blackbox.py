@@ -30,8 +30,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
-import shlex
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,7 +43,7 @@ from ..core.events import EventFollower, read_events, tail
 from ..core.paths import PROJECT_ROOT
 from ..disk.crash_states import CrashModel
 from ..disk.state_tree import materialise
-from ..errors import HarnessError, LauncherFailed, NotReproducible, ScenarioError
+from ..errors import HarnessError, NotReproducible, ScenarioError
 from ..faults.environment import CaseEnvironment
 from ..faults.roles import HarnessSide
 from ..faults.write_path.power_loss import trace_dir
@@ -60,14 +58,11 @@ from .explore import PROFILE_VARIABLE, check_fidelity
 from .intact_probe import probe_older_checkpoint
 from .script_continuation import continuation_key, described, run_continuation
 from .script_explore import explore_script
+from .script_launch import check_launcher, torchrun_command
 from .supervisor import AgentLaunch, deadline_after, supervise
 
 __all__ = ["BlackBoxJob", "BlackBoxResult", "describe", "qualify_script", "run_script_case"]
 
-PLACEHOLDER = "{checkpoint_dir}"
-#: torchrun's rendezvous errors (torch.distributed.elastic.rendezvous.api), in the agent's output
-RENDEZVOUS_FAILURE = re.compile(r"^(?:torch\.distributed\.elastic\.rendezvous\.api\.)?"
-                                r"Rendezvous(?:Timeout|Closed|Connection|State)?Error:[^\n]*", re.MULTILINE)
 #: frames that are not the script's own in a rank's stack dump: torch's, and the startup hook's
 OUTSIDE_THE_SCRIPT = ("/torch/", str(PROJECT_ROOT / "resilience" / "rank"))
 
@@ -205,7 +200,7 @@ class _BlackBoxRun:
         """One more restart without a fault (launch 2), for the intact-checkpoint probe."""
         if self._launch(job_dir, fault=None, launch=2, args=self.job.restart_args or self.job.args, restarts=0):
             return None
-        return self._logs(job_dir, Incarnation(2, 0))  # a launch that started no rank raised (_check_launcher)
+        return self._logs(job_dir, Incarnation(2, 0))  # a launch that started no rank raised (check_launcher)
 
     def _runs(self) -> int:
         return max(2, self.job.references) if self.job.oracle == "envelope" else max(1, self.job.references)
@@ -238,11 +233,7 @@ class _BlackBoxRun:
         return "script-" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
 
     def command(self, run_dir: Path, args: tuple[str, ...], restarts: int, launch: int = 0) -> list[str]:
-        checkpoint_dir = str(run_dir / "checkpoints")
-        return [self.job.python, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", str(self._ranks(launch)), "--max-restarts", str(restarts),
-                "--monitor-interval", "0.1", str(self.job.script),
-                *(arg.replace(PLACEHOLDER, checkpoint_dir) for arg in args)]
+        return torchrun_command(self.job, run_dir, args, restarts, self._ranks(launch))
 
     def _launch(self, run_dir: Path, fault: dict | None, launch: int, args: tuple[str, ...],
                 restarts: int, stop_after: int | None = None) -> str | None:
@@ -275,23 +266,9 @@ class _BlackBoxRun:
                 self.harness_side.supervise(events(), group.rank_handles(self.job.nproc_per_node, armed()))
 
         end = supervise(group, deadline_after(self.job.launch_timeout_s), watch)
-        self._check_launcher(run_dir, launch, args, restarts, failed=end.status != "completed")
+        check_launcher(self.job, run_dir, launch, self.command(run_dir, args, restarts, launch),
+                       failed=end.status != "completed")
         return f"launch {launch} of {run_dir.name}" if end.status == "deadline" else None
-
-    def _check_launcher(self, run_dir: Path, launch: int, args: tuple[str, ...], restarts: int,
-                        failed: bool) -> None:
-        """Raise `LauncherFailed` where torchrun started no rank (by its end or its deadline), or
-        ended in failure on a rendezvous error it raised (its warnings may name one in passing)."""
-        log = (run_dir / f"torchrun.launch{launch}.log").read_text(errors="replace")
-        started = (run_dir / Incarnation(launch, 0).name).is_dir()
-        rendezvous = RENDEZVOUS_FAILURE.search(log) if failed else None
-        if started and not rendezvous:
-            return
-        what = "started no rank" if not started else f"failed in its rendezvous ({rendezvous.group(0)})"
-        command = shlex.join([f"{name}={value}" for name, value in self.job.env.items()]
-                             + self.command(run_dir, args, restarts, launch))
-        raise LauncherFailed(f"torchrun {what}: a failure of the launcher, not a verdict on {self.job.script}; "
-                             f"reproduce it with\n  {command}\n{tail(run_dir / f'torchrun.launch{launch}.log')}")
 
     def _check_contract(self, run_dir: Path) -> None:
         for path in run_dir.glob("launch*/rank*.events.jsonl"):
