@@ -85,6 +85,18 @@ def test_a_bad_black_box_fault_names_the_key(document, key):
         check_script_fault(document, "black-box fault", 2)
 
 
+@pytest.mark.parametrize("document, key, problem", [
+    ({"kind": "partition", "rank": 0, "step": 1, "seconds": 3}, "fault.kind", "nodes are namespaces already"),
+    ({"kind": "node_loss", "rank": 3, "step": 1, "local_storage": "lost"}, "fault.local_storage", "shared by its"),
+    ({"kind": "node_loss", "rank": 4, "step": 1}, "fault.rank", ""),
+])
+def test_a_fault_on_a_script_on_two_nodes_is_checked_against_its_nodes(document, key, problem):
+    with pytest.raises(ScenarioError, match=key.replace(".", r"\.") + ": .*" + problem):
+        check_script_fault(document, "black-box fault", 4, nnodes=2)
+    assert check_script_fault({"kind": "node_loss", "rank": 3, "step": 1}, "black-box fault", 4, nnodes=2).kind \
+        == "node_loss"
+
+
 def log(rank, losses, saved=(), restored=(), errors=(), fault_events=()):
     return RankLog(rank, dict(losses), tuple(saved), tuple(restored), tuple(errors), tuple(fault_events))
 
@@ -202,7 +214,10 @@ def test_a_script_scenario_loads_its_cases_and_names_the_key_of_each_mistake(tmp
     assert case.script.args == ("--out", "{checkpoint_dir}") and case.script.restart_args is None
     with pytest.raises(ScenarioError, match=r"script\.path: no such file"):
         load_any_file(write_script_scenario(tmp_path, script="missing.py"))
-    with pytest.raises(ScenarioError, match=r"fault\.kind: not available on a user's script: it drives"):
+    with pytest.raises(ScenarioError, match=r"fault\.kind: not available on a user's script: it acts on the strat"):
+        load_any_file(write_script_scenario(tmp_path, fault="{kind: version_mismatch, step: 2}"))
+    with pytest.raises(ScenarioError, match=r"fault\.kind: loses a whole node, and the script runs on one.*"
+                                            r"script\.nnodes: 2 or more"):
         load_any_file(write_script_scenario(tmp_path, fault="{kind: node_loss, rank: 0, step: 2}"))
     with pytest.raises(ScenarioError, match=r"fault\.point: fires between the micro-batches.*a script does not"):
         load_any_file(write_script_scenario(tmp_path, fault="{kind: kill, rank: 0, step: 2, phase: train, "

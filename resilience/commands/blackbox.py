@@ -30,6 +30,8 @@ def add_blackbox_command(sub) -> None:
     command.add_argument("--references", type=int, default=None, help="uninterrupted runs (default 2; envelope 3)")
     command.add_argument("--envelope-factor", type=float, default=2.0)
     command.add_argument("--nproc-per-node", type=int, default=2)
+    command.add_argument("--nnodes", type=int, default=1, choices=range(1, 5), metavar="1..4",
+                         help="nodes on this machine, each a network namespace with its own agent (root)")
     command.add_argument("--restart-nproc-per-node", type=int, default=None, choices=range(1, 65), metavar="1..64",
                          help="the restart's ranks, where it restarts at another world size (not judged bitwise)")
     command.add_argument("--continuation-args", default=None,
@@ -59,6 +61,7 @@ def blackbox_main(args: argparse.Namespace) -> int:
     job = BlackBoxJob(script=args.script, args=tuple(args.script_args),
                       restart_args=tuple(shlex.split(args.restart_args)) if args.restart_args is not None else None,
                       env=dict(item.split("=", 1) for item in args.env), nproc_per_node=args.nproc_per_node,
+                      nnodes=args.nnodes,
                       restart_nproc_per_node=args.restart_nproc_per_node,
                       continuation_args=(tuple(shlex.split(args.continuation_args))
                                          if args.continuation_args is not None else None),

@@ -204,7 +204,8 @@ class ScriptSpec:
     args: tuple[str, ...] = ()  # ``{checkpoint_dir}`` stands for the run's checkpoint directory
     restart_args: tuple[str, ...] | None = None  # the restart's own arguments (None: ``args``)
     nproc_per_node: int = 2
-    restart_nproc_per_node: int | None = None  # the restart's world size (None: the same)
+    nnodes: int = 1  # nodes, each a network namespace on this machine with an agent of its own
+    restart_nproc_per_node: int | None = None  # the restart's ranks per node (None: the same)
     #: resumes the job at ``restart_nproc_per_node`` ranks, uninterrupted: the oracle of the
     #: rescaled restart's losses (None: they are not judged)
     continuation_args: tuple[str, ...] | None = None

@@ -45,6 +45,9 @@ class HarnessSide:
     #: whether the trigger rank ends its whole node itself, needing nothing from the driver (read by
     #: launch.torchrun_command: such a fault needs several nodes, and may supervise under torchrun)
     acts_in_its_node: ClassVar[bool] = False
+    #: whether each first-run rank joins a network namespace of the case's own (read by the script
+    #: validator, which refuses it on a script whose nodes are namespaces already)
+    joins_rank_namespaces: ClassVar[bool] = False
     #: whether the node-scoped fault acts in the node's own network namespace (read by
     #: launch.torchrun_command: it refuses the case where the node is not a namespace)
     needs_node_namespace: ClassVar[bool] = False

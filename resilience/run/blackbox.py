@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 from collections.abc import Mapping
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,6 @@ from ..faults.write_path.power_loss import trace_dir
 from ..launch.backend import rank_environment
 from ..oracle.blackbox import RankLog, judge_logs
 from ..oracle.envelope import Envelope, first_difference
-from ..oracle.evidence import waiting_place
 from ..rank.helper_hook import STARTUP_DIR
 from ..scenario.script_case import check_script_fault
 from .blackbox_records import BlackBoxJob, BlackBoxResult, describe
@@ -58,19 +58,17 @@ from .explore import PROFILE_VARIABLE, check_fidelity
 from .intact_probe import probe_older_checkpoint
 from .script_continuation import continuation_key, described, run_continuation
 from .script_explore import explore_script
-from .script_launch import check_launcher, torchrun_command
-from .supervisor import AgentLaunch, deadline_after, supervise
+from .script_launch import check_launcher, start_agents, torchrun_command, waiting_places
+from .supervisor import deadline_after, supervise
 
 __all__ = ["BlackBoxJob", "BlackBoxResult", "describe", "qualify_script", "run_script_case"]
 
-#: frames that are not the script's own in a rank's stack dump: torch's, and the startup hook's
-OUTSIDE_THE_SCRIPT = ("/torch/", str(PROJECT_ROOT / "resilience" / "rank"))
 
 
 def qualify_script(job: BlackBoxJob, fault: Mapping[str, Any] | None, *, work_root: Path | None = None,
                    keep: bool = False, cache: DirectoryCache | None = None) -> BlackBoxResult:
     """``fault``: a scenario's fault section (``{"kind": "kill", "rank": 1, "step": 6}``)."""
-    spec = check_script_fault(fault, "black-box fault", job.nproc_per_node)
+    spec = check_script_fault(fault, "black-box fault", job.nproc_per_node * job.nnodes, job.nnodes)
     if job.continuation_args is not None and job.restart_nproc_per_node in (None, job.nproc_per_node):
         raise ScenarioError("black-box job", "continuation_args", "resumes a restart at another world size, and the "
                             "restart has the first run's", list(job.continuation_args), "restart_nproc_per_node set")
@@ -101,8 +99,8 @@ class _BlackBoxRun:
         (work_dir / "tmp").mkdir()
         self.harness_side = registry.resolve("fault", fault.kind)(fault)
         resized = job.restart_nproc_per_node not in (None, job.nproc_per_node)
-        self.rescaled = (f"the restart ran at world size {job.restart_nproc_per_node}, the uninterrupted run at "
-                         f"{job.nproc_per_node}: the restored step and state are judged, its losses not bitwise"
+        self.rescaled = (f"the restart ran at world size {self._ranks(1)}, the uninterrupted run at "
+                         f"{self._ranks(0)}: the restored step and state are judged, its losses not bitwise"
                          ) if resized else None
 
     def run(self) -> BlackBoxResult:
@@ -120,13 +118,14 @@ class _BlackBoxRun:
                                   "(oracle: envelope judges it within the spread of several runs)")
         job_dir = self.work_dir / "job"
         env = CaseEnvironment(case=None, case_dir=job_dir, checkpoint_dir=job_dir / "checkpoints",
-                              script_ranks=self.job.nproc_per_node)
+                              script_ranks=self._ranks(0))
         job_dir.mkdir()
         if self.harness_side.explores:  # power_loss: restarts of the script on each crash state
             return self._explore(job_dir, reference, envelope)
         # a second launch is the restart: for its own arguments, or for a repair between the runs
+        # and for a lost node, whose agent never comes back: the job is requeued whole, as a scheduler does
         separate = (self.job.restart_args is not None or self.rescaled is not None
-                    or type(self.harness_side).heal is not HarnessSide.heal)
+                    or type(self.harness_side).heal is not HarnessSide.heal or self.harness_side.acts_in_its_node)
         try:
             self.harness_side.setup(env)
             for launch in (0, 1):
@@ -145,13 +144,11 @@ class _BlackBoxRun:
             if self.job.continuation_args is not None and restart and not hung \
                     and verdict.restored_step is not None and verdict.restored_step < final:
                 step = verdict.restored_step
-                verdict = judge_logs(reference, first, restart, hung, envelope, rescaled=described(self.job, step),
+                verdict = judge_logs(reference, first, restart, hung, envelope,
+                                     rescaled=described(step, self._ranks(0), self._ranks(1)),
                                      continuation=self._continuation(step))
             if hung:  # where each rank of the launch that hung waits, from its stack dump
-                dumps = sorted(job_dir.glob(f"launch{last_launch}.*/rank*.stacks.txt"))
-                waits = [waiting_place(int(path.name[4:].split(".")[0]), path.read_text(), OUTSIDE_THE_SCRIPT)
-                         for path in dumps if path.stat().st_size]
-                verdict = dataclasses.replace(verdict, findings=verdict.findings + tuple(waits))
+                verdict = dataclasses.replace(verdict, findings=verdict.findings + waiting_places(job_dir, last_launch))
             findings = self.harness_side.findings(env, ()) + self.harness_side.notes(env, ())
             if findings:
                 verdict = dataclasses.replace(verdict, findings=verdict.findings + tuple(findings))
@@ -190,7 +187,7 @@ class _BlackBoxRun:
     def _continuation(self, step: int) -> list[RankLog]:
         """The rescaled restart's oracle from ``step`` (`run.script_continuation`), cached with the references."""
         def build(directory: Path) -> Path:
-            return run_continuation(directory, self.job, step, self._launch)
+            return run_continuation(directory, self.job, step, (self._ranks(0), self._ranks(1)), self._launch)
 
         directory = build(self.work_dir / "continuation") if self.cache is None else \
             self.cache.entry(continuation_key(self.reference_key(), self.job, step), build)
@@ -228,12 +225,15 @@ class _BlackBoxRun:
         for path in rank_sources():
             digest.update(path.read_bytes())
         identity = {"script": str(Path(self.job.script).resolve()), "sources": digest.hexdigest(),
-                    "args": self.job.args, "nproc": self.job.nproc_per_node, "env": dict(self.job.env),
+                    "args": self.job.args, "nproc": self.job.nproc_per_node, "nnodes": self.job.nnodes,
+                    "env": dict(self.job.env),
                     "torch": torch.__version__, "python": self.job.python, "runs": self._runs()}
         return "script-" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
 
-    def command(self, run_dir: Path, args: tuple[str, ...], restarts: int, launch: int = 0) -> list[str]:
-        return torchrun_command(self.job, run_dir, args, restarts, self._ranks(launch))
+    def command(self, run_dir: Path, args: tuple[str, ...], restarts: int, launch: int = 0, node=None,
+                host: str | None = None) -> list[str]:
+        per_node = self.job.restart_nproc_per_node or self.job.nproc_per_node if launch else self.job.nproc_per_node
+        return torchrun_command(self.job, run_dir, args, restarts, per_node, node, host)
 
     def _launch(self, run_dir: Path, fault: dict | None, launch: int, args: tuple[str, ...],
                 restarts: int, stop_after: int | None = None) -> str | None:
@@ -250,11 +250,6 @@ class _BlackBoxRun:
                                                "fault": fault, "project_root": str(PROJECT_ROOT),
                                                "stop_after_save": stop_after}),
         })
-        # the marker: every rank's command line names the script (our torchrun's ranks: see AgentLaunch)
-        group = AgentLaunch(self.command(run_dir, args, restarts, launch), env,
-                            run_dir / f"torchrun.launch{launch}.log",
-                            lambda: run_dir.glob("launch*/rank*.events.jsonl"), marker=str(self.job.script))
-
         def armed() -> list[Path]:  # the armed incarnation's: a restart's ranks must not get its signals
             return sorted(run_dir.glob(f"{Incarnation(launch, 0).name}/rank*.events.jsonl"))
 
@@ -262,12 +257,24 @@ class _BlackBoxRun:
 
         def watch() -> None:
             self._check_contract(run_dir)
-            if launch == 0 and fault is not None and self.harness_side.supervises:  # preempt, stall: by signals
-                self.harness_side.supervise(events(), group.rank_handles(self.job.nproc_per_node, armed()))
+            if launch == 0 and fault is not None and self.harness_side.supervises_by_signals:  # preempt, stall
+                self.harness_side.supervise(events(), group.rank_handles(self._ranks(launch), armed()))
 
-        end = supervise(group, deadline_after(self.job.launch_timeout_s), watch)
-        check_launcher(self.job, run_dir, launch, self.command(run_dir, args, restarts, launch),
-                       failed=end.status != "completed")
+        commands: list[list[str]] = []  # node 0's first: the command that reproduces a launcher failure
+
+        def command(node, host) -> list[str]:
+            commands.append(self.command(run_dir, args, restarts, launch, node, host))
+            return commands[-1]
+
+        with ExitStack() as stack:
+            group = start_agents(self.job, run_dir, launch, command, env,
+                                 lambda: run_dir.glob("launch*/rank*.events.jsonl"), stack)
+            end = supervise(group, deadline_after(self.job.launch_timeout_s), watch)
+        # a node the fault took down took its agent, and node 0 the rendezvous: the others' rendezvous
+        # errors are the fault's doing
+        node_lost = self.harness_side.acts_in_its_node and any(
+            e["event"] == "fault_fired" for path in armed() for e in read_events(path))
+        check_launcher(self.job, run_dir, launch, commands[0], failed=end.status != "completed" and not node_lost)
         return f"launch {launch} of {run_dir.name}" if end.status == "deadline" else None
 
     def _check_contract(self, run_dir: Path) -> None:
@@ -286,4 +293,5 @@ class _BlackBoxRun:
 
     def _ranks(self, launch: int) -> int:
         """The world size of a launch: a later launch is a restart, at its own size where one is given."""
-        return self.job.restart_nproc_per_node or self.job.nproc_per_node if launch else self.job.nproc_per_node
+        per_node = self.job.restart_nproc_per_node or self.job.nproc_per_node if launch else self.job.nproc_per_node
+        return per_node * self.job.nnodes

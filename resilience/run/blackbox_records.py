@@ -24,6 +24,7 @@ class BlackBoxJob:
     args: tuple[str, ...] = ()
     restart_args: tuple[str, ...] | None = None
     nproc_per_node: int = 2
+    nnodes: int = 1  # nodes on this machine, each a network namespace with its own agent
     restart_nproc_per_node: int | None = None  # the restart at another world size
     continuation_args: tuple[str, ...] | None = None  # resumes it there uninterrupted: its losses' oracle
     max_restarts: int = 1

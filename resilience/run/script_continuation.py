@@ -35,31 +35,32 @@ def continuation_key(reference_key: str, job: BlackBoxJob, step: int) -> str:
     return "continuation-" + hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32]
 
 
-def run_continuation(directory: Path, job: BlackBoxJob, step: int, launch: Launch) -> Path:
-    """Both launches into ``directory``; raises where either did not end as it should."""
+def run_continuation(directory: Path, job: BlackBoxJob, step: int, world_sizes: tuple[int, int],
+                     launch: Launch) -> Path:
+    """Both launches into ``directory`` (``world_sizes``: the first run's and the restart's);
+    raises where either did not end as it should."""
     hung = launch(directory, None, 0, job.args, 0, step)
     first = directory / Incarnation(0, 0).name
-    stopped = [rank for rank in range(job.nproc_per_node)
+    stopped = [rank for rank in range(world_sizes[0])
                if any(e["event"] == "stopped_after_save" for e in read_events(first / f"rank{rank}.events.jsonl"))]
-    if hung or len(stopped) != job.nproc_per_node:
+    if hung or len(stopped) != world_sizes[0]:
         raise HarnessError(f"the continuation of {job.script}: an uninterrupted run did not end after its save of step "
                            f"{step} on every rank (ended so: ranks {stopped}); its output:\n"
                            f"{tail(directory / 'torchrun.launch0.log')}")
     hung = launch(directory, None, 1, job.continuation_args, 0, None)
     resumed = directory / Incarnation(1, 0).name
-    failed = [rank for rank in range(job.restart_nproc_per_node)
+    failed = [rank for rank in range(world_sizes[1])
               if any(e["event"] == "error" for e in read_events(resumed / f"rank{rank}.events.jsonl"))]
     if hung or failed:
         raise HarnessError(f"the continuation of {job.script} (script.continuation_args at world size "
-                           f"{job.restart_nproc_per_node} from an uninterrupted run's save of step {step}) did not "
+                           f"{world_sizes[1]} from an uninterrupted run's save of step {step}) did not "
                            f"complete; its output:\n{tail(directory / 'torchrun.launch1.log')}")
     shutil.rmtree(directory / "checkpoints", ignore_errors=True)  # the events are the oracle
     return directory
 
 
-def described(job: BlackBoxJob, step: int) -> str:
+def described(step: int, first: int, restart: int) -> str:
     """What the rescaled restart's losses were judged against, for the verdict's notes."""
-    return (f"the restart ran at world size {job.restart_nproc_per_node}, the uninterrupted run at "
-            f"{job.nproc_per_node}: its losses are judged bitwise against a continuation (an uninterrupted run "
-            f"stopped after its save of step {step}, resumed at world size {job.restart_nproc_per_node} by "
-            "script.continuation_args)")
+    return (f"the restart ran at world size {restart}, the uninterrupted run at {first}: its losses are judged "
+            f"bitwise against a continuation (an uninterrupted run stopped after its save of step {step}, resumed "
+            f"at world size {restart} by script.continuation_args)")

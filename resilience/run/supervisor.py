@@ -4,20 +4,14 @@ group down. The harness, `resilience verify`, the torchrun driver and black-box 
 """
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-from ..core import janitor
-from ..core.events import read_events
-from ..core.janitor import kill_group, signal_process
+from ..core.janitor import signal_process
 from ..core.plan import PhasePlan
-from ..core.processes import process_state
 from ..core.records import PhaseResult
 from ..launch.backend import RankProcess, is_stopped
 from ..oracle.evidence import collect_phase, where_waiting
@@ -120,103 +114,6 @@ class WarmRanks(RankGroup):
         self.spent = True
         for rank in self.ranks:
             rank.destroy()
-
-
-class AgentLaunch(RankGroup):
-    """One launcher process (torchrun) and the ranks it starts, which announce themselves in
-    their event files (the first event carries the pid). A rank counts as ours only while its
-    command line names ``marker`` (pids are reused) and it descends from our torchrun: on several
-    nodes the shared case directory holds every node's event files, and another node's pids name
-    other processes here (in a SLURM step with PID namespaces, this node's own driver)."""
-
-    poll_s = 0.2
-    fails_fast = False
-
-    def __init__(self, command: list[str], env: dict[str, str], log_path: Path,
-                 event_files: Callable[[], Iterable[Path]], marker: str):
-        self.event_files, self.marker = event_files, marker
-        with open(log_path, "wb") as log:
-            self.launcher = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                             env=env, start_new_session=True)
-        janitor.register("pgid", self.launcher.pid)  # the ranks lead their own sessions: see destroy
-
-    def poll(self) -> list[int | None]:
-        return [self.launcher.poll()]
-
-    def live_ranks(self, event_files: Iterable[Path] | None = None) -> dict[int, int]:
-        """rank -> pid of the ranks alive and ours, from ``event_files`` (default: the launch's)."""
-        live = {}
-        for path in self.event_files() if event_files is None else event_files:
-            for event in read_events(path)[:1]:
-                if self._is_ours(event["pid"]):
-                    live[event["rank"]] = event["pid"]
-        return live
-
-    def rank_handles(self, world_size: int, event_files: Iterable[Path] | None = None) -> list[NodeRank]:
-        """A handle per rank of the group for a fault's ``supervise``: this node's live ranks can be
-        signalled; another node's are its own driver's (``is_ours`` False, signals go nowhere).
-        ``event_files``: one incarnation's, where a restart's ranks must not get its signals."""
-        live = self.live_ranks(event_files)
-        return [NodeRank(rank, live.get(rank)) for rank in range(world_size)]
-
-    def destroy(self) -> None:
-        ranks = self.live_ranks()  # while the agent lives: ours are its descendants
-        kill_group(self.launcher.pid)
-        try:
-            self.launcher.wait(timeout=30)
-        except subprocess.TimeoutExpired:  # uninterruptible IO: the kernel reaps it later
-            pass
-        for pid in ranks.values():  # they die with the agent too; this makes sure
-            try:
-                kill_group(os.getpgid(pid))
-            except ProcessLookupError:
-                pass
-        janitor.release("pgid", self.launcher.pid)
-
-    def _is_ours(self, pid: int) -> bool:
-        """Named by the marker and below our torchrun: other nodes' ranks (nodes on one machine are
-        network namespaces, `resilience.launch.nodes`) descend from their own launchers, and on
-        separate machines another node's pid can name any process here, this driver included. Not
-        by network namespace: a script's rank may move into one of the case's own (a network fault)."""
-        try:
-            named = self.marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            return False
-        return named and descends_from(pid, self.launcher.pid)
-
-
-@dataclass(frozen=True)
-class NodeRank:
-    """One rank of a job on several nodes, as a node's driver sees it (``pid`` None: not on this node)."""
-
-    rank: int
-    pid: int | None
-
-    @property
-    def is_ours(self) -> bool:
-        return self.pid is not None
-
-    def poll(self) -> int | None:
-        return None if self.pid is not None and Path(f"/proc/{self.pid}").exists() else 0
-
-    def signal(self, signum: int) -> None:
-        if self.pid is not None:
-            signal_process(self.pid, signum)
-
-    def is_stopped(self) -> bool:
-        return self.pid is not None and is_stopped(self.pid)
-
-
-def descends_from(pid: int, ancestor: int) -> bool:
-    """Whether process ``pid`` is ``ancestor`` or below it in the process tree (read from /proc)."""
-    while pid > 1:
-        if pid == ancestor:
-            return True
-        state = process_state(pid)
-        if state is None:
-            return False
-        pid = state[1]
-    return False
 
 
 def deadline_after(seconds: float) -> Callable[[], bool]:

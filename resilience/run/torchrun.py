@@ -37,9 +37,10 @@ from ..faults.base import CaseEnvironment, Fault
 from ..launch.backend import rank_environment
 from ..launch.torchrun_command import STARTUP_S, TorchrunOptions, incompatibility, stand_by, torchrun_command
 from ..oracle.evidence import collect_phase, launcher_error, stderr_tails, where_waiting
+from .agent_launch import AgentLaunch
 from .elastic_grow import is_grown, judge_job, superseded
 from .local_probe import continue_in_local_ranks, probe_in_local_ranks
-from .supervisor import AgentLaunch, supervise
+from .supervisor import supervise
 
 __all__ = ["STARTUP_S", "TorchrunOptions", "incompatibility", "run_case_under_torchrun", "torchrun_command"]
 

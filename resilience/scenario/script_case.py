@@ -7,6 +7,7 @@ known_issue, timeouts, matrix) against what is known of a script before it runs.
       args: [--out, "{checkpoint_dir}"]
       restart_args: [--out, "{checkpoint_dir}", --resume]   # optional: the restart's own
       nproc_per_node: 2
+      nnodes: 2                     # optional: nodes on this machine, each a network namespace (root)
       restart_nproc_per_node: 1     # optional: the restart at another world size (not judged bitwise)
       continuation_args: [--out, "{checkpoint_dir}", --resume]  # optional: ... unless its losses have
                                     # an oracle: the job resumed there from an uninterrupted run's save
@@ -30,9 +31,11 @@ from .matrix import expand_cases
 from .schema import MAX_WORLD_SIZE, TIERS
 from .validate import check_expectations, check_fault
 
+MAX_NODES = 4  # each a network namespace with an agent of its own, on this machine
+
 SCRIPT_TOP_KEYS = ("name", "description", "tier", "script", "fault", "expect", "known_issue", "timeouts", "matrix")
-SCRIPT_KEYS = ("path", "args", "restart_args", "nproc_per_node", "restart_nproc_per_node", "continuation_args",
-               "max_restarts", "env", "oracle", "references", "envelope_factor")
+SCRIPT_KEYS = ("path", "args", "restart_args", "nproc_per_node", "nnodes", "restart_nproc_per_node",
+               "continuation_args", "max_restarts", "env", "oracle", "references", "envelope_factor")
 ORACLES = ("bitwise", "envelope")
 
 @dataclass(frozen=True)
@@ -55,12 +58,13 @@ def script_faults() -> tuple[str, ...]:
     return tuple(name for name in registry.FAULTS if registry.resolve("fault", name).script_problem() is None)
 
 
-def check_script_fault(document: Any, source: str, world_size: int) -> FaultSpec:
+def check_script_fault(document: Any, source: str, world_size: int, nnodes: int = 1) -> FaultSpec:
     """The fault, checked as a scenario's is; errors name ``source``, the key, the bad value and
     what is allowed."""
     problems = Problems(source)
     v = Validator(source, "", problems)
-    spec = v.section("fault", _checked_fault, v, {"kind": "none"} if document is None else document, world_size)
+    spec = v.section("fault", _checked_fault, v, {"kind": "none"} if document is None else document, world_size,
+                     nnodes)
     problems.raise_any()
     return spec
 
@@ -85,7 +89,8 @@ def check_script_case(doc: dict, source: str, case_id: str, where: str, problems
     script = v.section("script", check_script, v, doc.get("script"), Path(source).parent)
     fault = None
     if script is not None:
-        fault = v.section("fault", _checked_fault, v, doc.get("fault", {"kind": "none"}), script.nproc_per_node)
+        fault = v.section("fault", _checked_fault, v, doc.get("fault", {"kind": "none"}),
+                          script.nproc_per_node * script.nnodes, script.nnodes)
     if fault is not None and fault.trigger is not None and script.restart_nproc_per_node is not None \
             and registry.resolve("fault", fault.kind).arms_at_restart \
             and fault.trigger.rank >= script.restart_nproc_per_node:
@@ -105,6 +110,7 @@ def check_script(v: Validator, value: Any, directory: Path) -> ScriptSpec:
     args = _strings(v, "script.args", doc.get("args", []))
     restart_args = None if doc.get("restart_args") is None else _strings(v, "script.restart_args", doc["restart_args"])
     nproc = v.integer("script.nproc_per_node", doc.get("nproc_per_node", 2), 1, MAX_WORLD_SIZE)
+    nnodes = v.integer("script.nnodes", doc.get("nnodes", 1), 1, MAX_NODES)
     restart_nproc = None if doc.get("restart_nproc_per_node") is None else v.integer(
         "script.restart_nproc_per_node", doc["restart_nproc_per_node"], 1, MAX_WORLD_SIZE)
     continuation = None if doc.get("continuation_args") is None else _strings(v, "script.continuation_args",
@@ -124,6 +130,7 @@ def check_script(v: Validator, value: Any, directory: Path) -> ScriptSpec:
     if oracle == "bitwise" and "envelope_factor" in doc:
         raise v.error("script.envelope_factor", "has no meaning with oracle bitwise", doc["envelope_factor"])
     return ScriptSpec(path=str(path.resolve()), args=args, restart_args=restart_args, nproc_per_node=nproc,
+                      nnodes=nnodes,
                       restart_nproc_per_node=restart_nproc, continuation_args=continuation,
                       max_restarts=restarts, env={key: str(item) for key, item in env.items()}, oracle=oracle,
                       references=references, envelope_factor=factor)
@@ -140,12 +147,22 @@ def _strings(v: Validator, key: str, value: Any) -> tuple[str, ...]:
     return tuple(str(item) for item in value)
 
 
-def _checked_fault(v: Validator, value: Any, world_size: int) -> FaultSpec:
+def _checked_fault(v: Validator, value: Any, world_size: int, nnodes: int = 1) -> FaultSpec:
     kind = value.get("kind") if isinstance(value, dict) else value
-    problem = v.plugin("fault", "fault.kind", kind).script_problem() if isinstance(kind, str) else None
+    fault_class = v.plugin("fault", "fault.kind", kind) if isinstance(kind, str) else None
+    problem = fault_class.script_problem() if fault_class is not None else None
     if problem:
         raise v.error("fault.kind", f"not available on a user's script: {problem}", kind, script_faults())
+    if fault_class is not None and fault_class.acts_in_its_node and nnodes < 2:
+        raise v.error("fault.kind", "loses a whole node, and the script runs on one", kind,
+                      "script.nnodes: 2 or more, or another fault")
+    if fault_class is not None and fault_class.joins_rank_namespaces and nnodes > 1:
+        raise v.error("fault.kind", "puts ranks in network namespaces of their own, and a script's nodes are "
+                      "namespaces already", kind, "script.nnodes: 1, or another fault")
     fault = check_fault(v, value, ScriptBounds(world_size))
+    if fault.params.get("local_storage") == "lost":
+        raise v.error("fault.local_storage", "takes a node's local disk, and a script's checkpoint directory is "
+                      "shared by its nodes", "lost", "kept")
     if fault.params.get("scope") == "node":
         raise v.error("fault.scope", "cuts off a node, and a script's ranks all run on this one", "node", "rank")
     if fault.trigger is not None and fault.trigger.point == MICRO_STEP:

@@ -66,6 +66,7 @@ class NetworkFault(Fault):
     byte_points = ()
     supervises = True
     supervises_by_signals = True  # besides the rules, only the ack to the trigger rank reaches a rank
+    joins_rank_namespaces = True
     #: commands a subclass needs besides ``ip``, with the package that provides them
     tools: ClassVar[dict[str, str]] = {}
 

@@ -6,7 +6,9 @@ before it stay on disk, exactly so many. What dies is the trigger rank's node:
 - under torchrun with the nodes on one machine (`resilience.launch.nodes`: each node a network
   namespace, named in the rank's RESILIENCE_NODE_NAMESPACE), the trigger rank itself stops every
   other process of its namespace (the node's torchrun agent, the driver that started it, every
-  rank, each in a session of its own), then SIGKILLs them all and itself;
+  rank, each in a session of its own), then SIGKILLs them all and itself; so on a user's own
+  script whose nodes are namespaces (black-box mode, ``script.nnodes``), whose job is then
+  requeued whole on fresh agents, as a scheduler does after a node failure;
 - under the local harness, the trigger rank stops itself and the harness SIGKILLs every rank
   the case's topology places on that node (``topology.node_of``), stopped first too.
 
@@ -54,7 +56,15 @@ class NodeLoss(Kill):
         self.checkpoint_root: Path | None = None
 
     # -- harness side -------------------------------------------------------------------------
+    @classmethod
+    def script_problem(cls) -> str | None:
+        """None: on a user's script (black-box mode, ``script.nnodes`` of 2 or more, each node a
+        namespace) the trigger rank ends its own node, as under torchrun; nothing is left for the harness."""
+        return None
+
     def setup(self, env: CaseEnvironment) -> None:
+        if env.case is None:  # a user's script: its nodes are namespaces, and the trigger rank ends its own
+            return
         self.placement, self.checkpoint_root = env.case.placement, env.checkpoint_dir
         if self.spec.params["local_storage"] == "lost" and self.placement.storage != NODE_LOCAL:
             raise ScenarioError(f"{env.case.source}[{env.case.id}]", "fault.local_storage",
