@@ -149,7 +149,7 @@ def test_a_continuation_needs_a_restart_at_another_world_size(tmp_path):
                                                      "[--out, '{checkpoint_dir}']}"))
     with pytest.raises(ScenarioError, match=r"script\.continuation_args: resumes a restart at another world size"):
         load_any_file(scenario)
-    with pytest.raises(ScenarioError, match="continuation_args"):
+    with pytest.raises(ScenarioError, match="--continuation-args"):
         qualify_script(BlackBoxJob(script=EXAMPLE, continuation_args=("--resume",)), None, work_root=tmp_path)
 
 
@@ -332,3 +332,16 @@ def test_only_a_rendezvous_error_torchrun_raised_counts_as_its_failure():
     warned = ("W1203 torch/distributed/elastic/rendezvous/dynamic_rendezvous.py:1217] The node failed to send a "
               "keep-alive heartbeat due to an error of type RendezvousConnectionError.\n")
     assert RENDEZVOUS_FAILURE.search(warned) is None
+
+
+def test_a_continuation_command_that_does_not_resume_the_job_is_named_not_blamed_on_the_script():
+    from resilience.run.script_continuation import check_continuation
+
+    job = BlackBoxJob(script=EXAMPLE, nproc_per_node=2, restart_nproc_per_node=1, continuation_args=("--fresh",))
+    reference = [log(r, {1: 0.5, 2: 0.4, 3: 0.3, 4: 0.2}) for r in (0, 1)]
+    check_continuation(job, 2, reference, [log(0, {3: 0.31, 4: 0.21}, restored=[2])])
+    with pytest.raises(ScenarioError, match=r"script\.continuation_args: does not resume the job.*came back at "
+                                            r"steps \{0: 0\}"):
+        check_continuation(job, 2, reference, [log(0, {1: 0.6, 2: 0.5, 3: 0.4, 4: 0.3}, restored=[0])])
+    with pytest.raises(ScenarioError, match=r"trained to \{0: 3\}"):
+        check_continuation(job, 2, reference, [log(0, {3: 0.31}, restored=[2])])

@@ -12,6 +12,7 @@ from ..core.case import EXPECTED_VERDICT, Outcome
 from ..errors import ResilienceError
 from ..run.blackbox import BlackBoxJob, describe, qualify_script
 from ..run.reference_cache import ReferenceCache, default_cache_dir
+from ..scenario.script_case import MAX_NODES
 
 
 def add_blackbox_command(sub) -> None:
@@ -30,10 +31,11 @@ def add_blackbox_command(sub) -> None:
     command.add_argument("--references", type=int, default=None, help="uninterrupted runs (default 2; envelope 3)")
     command.add_argument("--envelope-factor", type=float, default=2.0)
     command.add_argument("--nproc-per-node", type=int, default=2)
-    command.add_argument("--nnodes", type=int, default=1, choices=range(1, 5), metavar="1..4",
+    command.add_argument("--nnodes", type=int, default=1, choices=range(1, MAX_NODES + 1), metavar=f"1..{MAX_NODES}",
                          help="nodes on this machine, each a network namespace with its own agent (root)")
     command.add_argument("--restart-nproc-per-node", type=int, default=None, choices=range(1, 65), metavar="1..64",
-                         help="the restart's ranks, where it restarts at another world size (not judged bitwise)")
+                         help="the restart's ranks per node, where it restarts at another world size (not judged "
+                              "bitwise without --continuation-args)")
     command.add_argument("--continuation-args", default=None,
                          help="the arguments that resume the job at --restart-nproc-per-node ranks, one string: its "
                               "losses from an uninterrupted run's save are the rescaled restart's oracle")

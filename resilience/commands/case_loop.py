@@ -52,6 +52,8 @@ def run_and_report(cases: Iterable[Case | ScriptCase], run_case: Callable[[Case]
     failures = 0
     for case in cases:
         if isinstance(case, ScriptCase):
+            if run_script is None:
+                raise TypeError(f"{case.source}[{case.id}] is a case on a user's script: pass run_script")
             failures += _run_script_case(case, run_script)
             continue
         try:

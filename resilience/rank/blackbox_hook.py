@@ -60,7 +60,8 @@ def install(config_text: str) -> None:
     atexit.register(place.exiting)
     observer = StepObserver(events.emit, place.move, place.save_returned)
     observer.install()
-    atexit.register(observer.exiting)  # before place.exiting (last in, first out), which may end the process
+    # before place.exiting (last in, first out), which may end the process; never after an error
+    atexit.register(lambda: place.failed or observer.exiting())
     sys.stdout = ContractReader(sys.stdout, events, place)
     previous_hook = sys.excepthook
 

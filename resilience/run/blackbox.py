@@ -49,6 +49,7 @@ from ..faults.environment import CaseEnvironment
 from ..faults.roles import HarnessSide
 from ..faults.write_path.power_loss import trace_dir
 from ..launch.backend import rank_environment
+from ..launch.nodes import Node
 from ..oracle.blackbox import RankLog, judge_logs
 from ..oracle.envelope import Envelope, first_difference
 from ..rank.helper_hook import STARTUP_DIR
@@ -56,7 +57,7 @@ from ..scenario.script_case import check_script_fault
 from .blackbox_records import BlackBoxJob, BlackBoxResult, describe
 from .explore import PROFILE_VARIABLE, check_fidelity
 from .intact_probe import probe_older_checkpoint
-from .script_continuation import continuation_key, described, run_continuation
+from .script_continuation import check_continuation, continuation_key, described, run_continuation
 from .script_explore import explore_script
 from .script_launch import check_launcher, start_agents, torchrun_command, waiting_places
 from .supervisor import deadline_after, supervise
@@ -64,14 +65,14 @@ from .supervisor import deadline_after, supervise
 __all__ = ["BlackBoxJob", "BlackBoxResult", "describe", "qualify_script", "run_script_case"]
 
 
-
 def qualify_script(job: BlackBoxJob, fault: Mapping[str, Any] | None, *, work_root: Path | None = None,
                    keep: bool = False, cache: DirectoryCache | None = None) -> BlackBoxResult:
     """``fault``: a scenario's fault section (``{"kind": "kill", "rank": 1, "step": 6}``)."""
     spec = check_script_fault(fault, "black-box fault", job.nproc_per_node * job.nnodes, job.nnodes)
     if job.continuation_args is not None and job.restart_nproc_per_node in (None, job.nproc_per_node):
-        raise ScenarioError("black-box job", "continuation_args", "resumes a restart at another world size, and the "
-                            "restart has the first run's", list(job.continuation_args), "restart_nproc_per_node set")
+        raise ScenarioError("black-box job", "--continuation-args", "resumes a restart at another world size, and "
+                            "the restart has the first run's", list(job.continuation_args),
+                            "--restart-nproc-per-node other than --nproc-per-node")
     if not Path(job.script).is_file():
         raise ScenarioError(str(job.script), "script", "no such file", str(job.script))
     with janitor.temporary_directory("resilience-blackbox-", work_root, keep) as work_dir:
@@ -146,7 +147,7 @@ class _BlackBoxRun:
                 step = verdict.restored_step
                 verdict = judge_logs(reference, first, restart, hung, envelope,
                                      rescaled=described(step, self._ranks(0), self._ranks(1)),
-                                     continuation=self._continuation(step))
+                                     continuation=self._continuation(step, reference))
             if hung:  # where each rank of the launch that hung waits, from its stack dump
                 verdict = dataclasses.replace(verdict, findings=verdict.findings + waiting_places(job_dir, last_launch))
             findings = self.harness_side.findings(env, ()) + self.harness_side.notes(env, ())
@@ -169,7 +170,7 @@ class _BlackBoxRun:
         if hung or not any(log.fault_events for log in first):
             verdict = judge_logs(reference, first, None, hung, envelope)
             return BlackBoxResult(verdict, tuple(reference), tuple(first), None, None, self.work_dir)
-        model = CrashModel(trace_dir(job_dir), self.job.nproc_per_node, self.fault["trigger"]["step"])
+        model = CrashModel(trace_dir(job_dir), self._ranks(0), self.fault["trigger"]["step"])
         check_fidelity(model, job_dir / "checkpoints")
 
         def restore(files: dict[str, bytes], dirs: set[str], label: str):
@@ -184,14 +185,16 @@ class _BlackBoxRun:
         verdict, state = explore_script(model, reference, first, restore, profile, envelope, self.rescaled)
         return BlackBoxResult(verdict, tuple(reference), tuple(first), state.restart, None, self.work_dir)
 
-    def _continuation(self, step: int) -> list[RankLog]:
+    def _continuation(self, step: int, reference: list[RankLog]) -> list[RankLog]:
         """The rescaled restart's oracle from ``step`` (`run.script_continuation`), cached with the references."""
         def build(directory: Path) -> Path:
             return run_continuation(directory, self.job, step, (self._ranks(0), self._ranks(1)), self._launch)
 
         directory = build(self.work_dir / "continuation") if self.cache is None else \
             self.cache.entry(continuation_key(self.reference_key(), self.job, step), build)
-        return self._logs(directory, Incarnation(1, 0))
+        logs = self._logs(directory, Incarnation(1, 0))
+        check_continuation(self.job, step, reference, logs)
+        return logs
 
     def _restart_again(self, job_dir: Path) -> list[RankLog] | None:
         """One more restart without a fault (launch 2), for the intact-checkpoint probe."""
@@ -230,10 +233,9 @@ class _BlackBoxRun:
                     "torch": torch.__version__, "python": self.job.python, "runs": self._runs()}
         return "script-" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
 
-    def command(self, run_dir: Path, args: tuple[str, ...], restarts: int, launch: int = 0, node=None,
-                host: str | None = None) -> list[str]:
-        per_node = self.job.restart_nproc_per_node or self.job.nproc_per_node if launch else self.job.nproc_per_node
-        return torchrun_command(self.job, run_dir, args, restarts, per_node, node, host)
+    def command(self, run_dir: Path, args: tuple[str, ...], restarts: int, launch: int = 0,
+                node: Node | None = None, host: str | None = None) -> list[str]:
+        return torchrun_command(self.job, run_dir, args, restarts, self._per_node(launch), node, host)
 
     def _launch(self, run_dir: Path, fault: dict | None, launch: int, args: tuple[str, ...],
                 restarts: int, stop_after: int | None = None) -> str | None:
@@ -291,7 +293,10 @@ class _BlackBoxRun:
         return [RankLog.from_events(rank, read_events(directory / f"rank{rank}.events.jsonl"))
                 for rank in range(self._ranks(incarnation.launch))]
 
+    def _per_node(self, launch: int) -> int:
+        """A node's ranks in a launch: a later launch is a restart, at its own size where one is given."""
+        return self.job.restart_nproc_per_node or self.job.nproc_per_node if launch else self.job.nproc_per_node
+
     def _ranks(self, launch: int) -> int:
-        """The world size of a launch: a later launch is a restart, at its own size where one is given."""
-        per_node = self.job.restart_nproc_per_node or self.job.nproc_per_node if launch else self.job.nproc_per_node
-        return per_node * self.job.nnodes
+        """The world size of a launch."""
+        return self._per_node(launch) * self.job.nnodes

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from ..core.elastic_layout import Incarnation
 from ..core.events import read_events, tail
-from ..errors import HarnessError
+from ..errors import HarnessError, ScenarioError
+from ..oracle.blackbox import RankLog, restored_steps
 from .blackbox_records import BlackBoxJob
 
 #: launch(run_dir, fault, launch, args, restarts, stop_after) -> the part that hung, or None
@@ -64,3 +65,19 @@ def described(step: int, first: int, restart: int) -> str:
     return (f"the restart ran at world size {restart}, the uninterrupted run at {first}: its losses are judged "
             f"bitwise against a continuation (an uninterrupted run stopped after its save of step {step}, resumed "
             f"at world size {restart} by script.continuation_args)")
+
+
+def check_continuation(job: BlackBoxJob, step: int, reference: list[RankLog], continuation: list[RankLog]) -> None:
+    """The continuation must come back at ``step`` on every rank and train to the reference's last
+    step: otherwise ``continuation_args`` do not resume the job, and it is no oracle."""
+    final = max(reference[0].step_losses(), default=0)
+    restored = restored_steps(reference, [], continuation).steps
+    reached = {log.rank: max(log.step_losses(restored.get(log.rank, 0)), default=0) for log in continuation}
+    wrong = {rank: restored.get(rank) for rank in reached if rank < len(reference) and restored.get(rank) != step}
+    short = {rank: last for rank, last in reached.items() if last < final}
+    if wrong or short:
+        raise ScenarioError(str(job.script), "script.continuation_args",
+                            f"does not resume the job: from an uninterrupted run's save of step {step} its ranks came "
+                            f"back at steps {wrong or 'as saved'} and trained to {short or 'the end'} (the reference "
+                            f"reached step {final})", list(job.continuation_args or ()),
+                            "the arguments that resume the job from its checkpoint directory")

@@ -66,11 +66,18 @@ def start_agents(job: BlackBoxJob, run_dir: Path, launch: int, commands: Callabl
     if reason:
         raise Unavailable(f"script.nnodes {job.nnodes} puts each node in a network namespace: {reason}")
     nodes = stack.enter_context(Nodes(job.nnodes, run_dir / f"nodes.launch{launch}"))
-    return AgentLaunches([AgentLaunch(["ip", "netns", "exec", node.namespace, *commands(node, nodes[0].address)],
-                                      {**env, NODE_ENV: str(node.index), NODE_NAMESPACE_ENV: node.namespace,
-                                       "GLOO_SOCKET_IFNAME": node.ifname},
-                                      node_log(run_dir, launch, node.index), event_files, marker=marker)
-                          for node in nodes.nodes])
+    group = AgentLaunches([])
+    try:
+        for node in nodes.nodes:
+            command = ["ip", "netns", "exec", node.namespace, *commands(node, nodes[0].address)]
+            node_env = {**env, NODE_ENV: str(node.index), NODE_NAMESPACE_ENV: node.namespace,
+                        "GLOO_SOCKET_IFNAME": node.ifname}
+            group.launches.append(AgentLaunch(command, node_env, node_log(run_dir, launch, node.index), event_files,
+                                              marker=marker))
+    except BaseException:
+        group.destroy()  # the agents already started, their janitor entries released
+        raise
+    return group
 
 
 def check_launcher(job: BlackBoxJob, run_dir: Path, launch: int, command: list[str], failed: bool) -> None:

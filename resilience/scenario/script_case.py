@@ -46,7 +46,8 @@ class ScriptBounds:
 
     world_size: int
     steps: int = 1_000_000
-    world_size_key: ClassVar[str] = "script.nproc_per_node"  # where an error points for the rank's range
+    #: where an error points for the rank's range
+    world_size_key: ClassVar[str] = "script.nproc_per_node x script.nnodes"
 
     @property
     def checkpoint_steps(self) -> range:
@@ -93,8 +94,8 @@ def check_script_case(doc: dict, source: str, case_id: str, where: str, problems
                           script.nproc_per_node * script.nnodes, script.nnodes)
     if fault is not None and fault.trigger is not None and script.restart_nproc_per_node is not None \
             and registry.resolve("fault", fault.kind).arms_at_restart \
-            and fault.trigger.rank >= script.restart_nproc_per_node:
-        v.section("fault.rank", _refuse, v, fault.trigger.rank, script.restart_nproc_per_node)
+            and fault.trigger.rank >= script.restart_nproc_per_node * script.nnodes:
+        v.section("fault.rank", _refuse, v, fault.trigger.rank, script.restart_nproc_per_node * script.nnodes)
     expect, known_issue, timeouts = check_expectations(v, doc)
     if v.found_any:
         return None
@@ -117,7 +118,8 @@ def check_script(v: Validator, value: Any, directory: Path) -> ScriptSpec:
                                                                                 doc["continuation_args"])
     if continuation is not None and restart_nproc in (None, nproc):
         raise v.error("script.continuation_args", "resumes a restart at another world size, and the restart has "
-                      "the first run's", doc["continuation_args"], "script.restart_nproc_per_node set, or leave it out")
+                      "the first run's", doc["continuation_args"],
+                      "script.restart_nproc_per_node other than script.nproc_per_node, or leave it out")
     restarts = v.integer("script.max_restarts", doc.get("max_restarts", 1), 0, 10)
     env = v.mapping("script.env", doc.get("env", {}), tuple(doc.get("env", {}) or ()))
     for key, item in env.items():
@@ -138,7 +140,7 @@ def check_script(v: Validator, value: Any, directory: Path) -> ScriptSpec:
 
 def _refuse(v: Validator, rank: int, ranks: int) -> None:
     raise v.error("fault.rank", f"this fault acts in the restart, which has {ranks} ranks "
-                  "(script.restart_nproc_per_node)", rank, f"0..{ranks - 1}")
+                  "(script.restart_nproc_per_node x script.nnodes)", rank, f"0..{ranks - 1}")
 
 
 def _strings(v: Validator, key: str, value: Any) -> tuple[str, ...]:
@@ -163,8 +165,11 @@ def _checked_fault(v: Validator, value: Any, world_size: int, nnodes: int = 1) -
     if fault.params.get("local_storage") == "lost":
         raise v.error("fault.local_storage", "takes a node's local disk, and a script's checkpoint directory is "
                       "shared by its nodes", "lost", "kept")
-    if fault.params.get("scope") == "node":
+    if fault.params.get("scope") == "node" and fault_class.joins_rank_namespaces:
         raise v.error("fault.scope", "cuts off a node, and a script's ranks all run on this one", "node", "rank")
+    if fault.params.get("scope") == "node" and nnodes > 1:
+        raise v.error("fault.scope", "acts on the trigger rank's node, and a script's nodes are not placed for it "
+                      "(one node: every rank)", "node", "rank, or script.nnodes: 1")
     if fault.trigger is not None and fault.trigger.point == MICRO_STEP:
         raise v.error("fault.point", "fires between the micro-batches of a step, which a script does not report",
                       MICRO_STEP, "start")
