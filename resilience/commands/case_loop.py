@@ -14,7 +14,7 @@ from ..errors import ResilienceError, Unavailable
 from ..oracle.outcome import judge_case, judge_outcome
 from ..report.text import render, verdict_line
 from ..run.blackbox_records import BlackBoxResult, describe
-from ..scenario.discovery import load_all_cases
+from ..scenario.discovery import load_all_cases, script_files
 
 
 def skips_fail() -> bool:
@@ -41,6 +41,10 @@ def load_or_report(paths: Iterable[str], selected: Callable[[Case], bool] = lamb
         cases, errors = [], [str(exc)]
     for error in errors:
         print(f"ERROR {error}", flush=True)
+    if not scripts:  # said, so that a file left out is never mistaken for one that passed
+        for path in script_files(paths):
+            print(f"NOTE {path}: cases on a user's script run under pytest, `resilience run` and `qualify`, "
+                  "not this command", flush=True)
     return cases, len(errors)
 
 

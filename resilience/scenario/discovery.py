@@ -55,3 +55,11 @@ def load_all_cases(paths: Iterable[str | Path], selected: Callable[[Case | Scrip
         except ResilienceError as exc:
             errors.append(str(exc))
     return cases, errors
+
+
+def script_files(paths: Iterable[str | Path]) -> list[Path]:
+    """The scenario files under ``paths`` whose cases run a user's script (an unreadable path: none)."""
+    try:
+        return [path for path in scenario_files(paths) if is_script_file(path)]
+    except ResilienceError:
+        return []
