@@ -240,10 +240,13 @@ def test_ctrl_c_ends_a_run_with_one_line_and_leaves_nothing_behind(tmp_path):
 
     work = tmp_path / "work"
     work.mkdir()
+    # as a terminal's job starts: SIGINT at its default (a suite started in the background by a
+    # non-interactive shell inherits it ignored, and Python then keeps it ignored: see test_hygiene)
     driver = subprocess.Popen([sys.executable, "-m", "resilience", "blackbox", "--workdir", str(work), "--no-cache",
                                str(GPT_TRAINER), "--out-dir", "{checkpoint_dir}", "--max-iters", "400"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd=Path(__file__).resolve().parent.parent)
+                              cwd=Path(__file__).resolve().parent.parent,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not list(work.rglob("rank1.events.jsonl")) and time.monotonic() < deadline:
