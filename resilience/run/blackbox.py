@@ -27,6 +27,7 @@ every launch here sets ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (a store per rou
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -54,10 +55,10 @@ from ..oracle.blackbox import RankLog, judge_logs
 from ..oracle.envelope import Envelope, first_difference
 from ..rank.helper_hook import STARTUP_DIR
 from ..scenario.script_case import check_script_fault
+from . import script_continuation as continuation
 from .blackbox_records import BlackBoxJob, BlackBoxResult, describe
 from .explore import PROFILE_VARIABLE, check_fidelity
 from .intact_probe import probe_older_checkpoint
-from .script_continuation import check_continuation, continuation_key, described, run_continuation
 from .script_explore import explore_script
 from .script_launch import check_launcher, start_agents, torchrun_command, waiting_places
 from .supervisor import deadline_after, supervise
@@ -69,10 +70,7 @@ def qualify_script(job: BlackBoxJob, fault: Mapping[str, Any] | None, *, work_ro
                    keep: bool = False, cache: DirectoryCache | None = None) -> BlackBoxResult:
     """``fault``: a scenario's fault section (``{"kind": "kill", "rank": 1, "step": 6}``)."""
     spec = check_script_fault(fault, "black-box fault", job.nproc_per_node * job.nnodes, job.nnodes)
-    if job.continuation_args is not None and job.restart_nproc_per_node in (None, job.nproc_per_node):
-        raise ScenarioError("black-box job", "--continuation-args", "resumes a restart at another world size, and "
-                            "the restart has the first run's", list(job.continuation_args),
-                            "--restart-nproc-per-node other than --nproc-per-node")
+    continuation.check_continuation_args(job)
     if not Path(job.script).is_file():
         raise ScenarioError(str(job.script), "script", "no such file", str(job.script))
     with janitor.temporary_directory("resilience-blackbox-", work_root, keep) as work_dir:
@@ -146,7 +144,7 @@ class _BlackBoxRun:
                     and verdict.restored_step is not None and verdict.restored_step < final:
                 step = verdict.restored_step
                 verdict = judge_logs(reference, first, restart, hung, envelope,
-                                     rescaled=described(step, self._ranks(0), self._ranks(1)),
+                                     rescaled=continuation.described(step, self._ranks(0), self._ranks(1)),
                                      continuation=self._continuation(step, reference))
             if hung:  # where each rank of the launch that hung waits, from its stack dump
                 verdict = dataclasses.replace(verdict, findings=verdict.findings + waiting_places(job_dir, last_launch))
@@ -187,13 +185,12 @@ class _BlackBoxRun:
 
     def _continuation(self, step: int, reference: list[RankLog]) -> list[RankLog]:
         """The rescaled restart's oracle from ``step`` (`run.script_continuation`), cached with the references."""
-        def build(directory: Path) -> Path:
-            return run_continuation(directory, self.job, step, (self._ranks(0), self._ranks(1)), self._launch)
-
+        build = functools.partial(continuation.run_continuation, job=self.job, step=step,
+                                  world_sizes=(self._ranks(0), self._ranks(1)), launch=self._launch)
         directory = build(self.work_dir / "continuation") if self.cache is None else \
-            self.cache.entry(continuation_key(self.reference_key(), self.job, step), build)
+            self.cache.entry(continuation.continuation_key(self.reference_key(), self.job, step), build)
         logs = self._logs(directory, Incarnation(1, 0))
-        check_continuation(self.job, step, reference, logs)
+        continuation.check_continuation(self.job, step, reference, logs)
         return logs
 
     def _restart_again(self, job_dir: Path) -> list[RankLog] | None:

@@ -31,6 +31,14 @@ from .blackbox_records import BlackBoxJob
 Launch = Callable[[Path, dict | None, int, tuple[str, ...], int, int | None], str | None]
 
 
+def check_continuation_args(job: BlackBoxJob) -> None:
+    """A continuation only where the restart runs at another world size (the CLI's flags named)."""
+    if job.continuation_args is not None and job.restart_nproc_per_node in (None, job.nproc_per_node):
+        raise ScenarioError("black-box job", "--continuation-args", "resumes a restart at another world size, and "
+                            "the restart has the first run's", list(job.continuation_args),
+                            "--restart-nproc-per-node other than --nproc-per-node")
+
+
 def continuation_key(reference_key: str, job: BlackBoxJob, step: int) -> str:
     identity = [reference_key, step, job.continuation_args, job.restart_nproc_per_node]
     return "continuation-" + hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32]
