@@ -80,12 +80,13 @@ class Fault(HarnessSide, RankSide):
     def script_problem(cls) -> str | None:
         """Why a case on a user's own script (black-box mode) cannot take this fault, or None. Such
         a case offers no strategy (no capability, nothing to ``attach`` to), no ranks of the
-        framework's own to drive (signals to the script's ranks do: ``supervises_by_signals``); a
+        framework's own to drive (signals to the script's ranks do: ``supervises_by_signals``; a
+        fault that ends its own node, ``acts_in_its_node``, needs no driving on a script's nodes); a
         fault that ``explores`` is explored through restarts of the script
         (`resilience.run.script_explore`); its harness side gets a `CaseEnvironment` without a case."""
         if cls.requires:
             return "it needs a capability a strategy declares"
-        if cls.supervises and not cls.supervises_by_signals:
+        if cls.supervises and not (cls.supervises_by_signals or cls.acts_in_its_node):
             return "it drives the framework's own ranks from the harness"
         if cls.attach is not RankSide.attach:
             return "it acts on the strategy object"

@@ -158,16 +158,16 @@ def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list
     complete = rules.newest_complete_save(saved, len(writers))
 
     restored_step, notes = None, []
+    idle_restart = restart and not any(log.step_losses() for log in restart)
     if restart:
         restore = restored_steps(reference, first_run, restart, rng_known=envelope is None)
         silent += restore.silent
         notes += restore.notes
         restored_step = restore.steps.get(0)
-        idle = not any(log.step_losses() for log in restart)
+        losses_compared = not idle_restart and (not rescaled or continuation is not None)
         found, more = rules.restore_findings(
-            restore.steps, complete, fallback_ok,
-            "its parameter and optimizer digests are that step's" + (", the run's last" if idle else "")
-            if rescaled or idle else "the losses after it match")
+            restore.steps, complete, fallback_ok, "the losses after it match" if losses_compared else
+            "its parameter and optimizer digests are that step's" + (", the run's last" if idle_restart else ""))
         silent += found
         notes += more
         notes += [rescaled] if rescaled else []
@@ -178,18 +178,14 @@ def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list
             if log.rank not in restore.steps or (rescaled and continuation is None):
                 continue
             step, losses = restore.steps[log.rank], log.step_losses(restore.steps[log.rank])
-            if continuation is not None:
-                after, lines = rules.after_restore_divergence({log.rank: losses}, oracle.get(log.rank, {}), step,
-                                                              "restart")
-            elif envelope is not None:
+            if envelope is not None and continuation is None:
                 after, lines = envelope.miss(log.rank, losses, "restart", step)
             else:
-                after, lines = rules.after_restore_divergence({log.rank: losses}, expected.get(log.rank, {}), step,
+                after, lines = rules.after_restore_divergence({log.rank: losses}, oracle.get(log.rank, {}), step,
                                                               "restart")
             divergence, silent = divergence or after, silent + lines
 
     first_error = _first_error(first_run, "first_run") or _first_error(restart or [], "restart")
-    idle_restart = restart and not any(log.step_losses() for log in restart)
     if idle_restart and final_step in (complete, restored_step) and not first_error and not hung:
         notes.append(f"the restart trained no step: the step-{final_step} checkpoint was the run's last, so there "
                      "was nothing left to compare after its restore")

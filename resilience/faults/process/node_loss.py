@@ -56,12 +56,6 @@ class NodeLoss(Kill):
         self.checkpoint_root: Path | None = None
 
     # -- harness side -------------------------------------------------------------------------
-    @classmethod
-    def script_problem(cls) -> str | None:
-        """None: on a user's script (black-box mode, ``script.nnodes`` of 2 or more, each node a
-        namespace) the trigger rank ends its own node, as under torchrun; nothing is left for the harness."""
-        return None
-
     def setup(self, env: CaseEnvironment) -> None:
         if env.case is None:  # a user's script: its nodes are namespaces, and the trigger rank ends its own
             return
