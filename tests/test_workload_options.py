@@ -38,7 +38,10 @@ def test_a_bad_option_is_named_with_what_is_allowed(options, key, value, allowed
 
 
 @pytest.mark.parametrize("strategy, options, key, allowed", [
-    ("lightning", {"dropout": 0.1}, "workload.options.dropout", "no workload options"),
+    ("lightning", {"amp": "bf16"}, "workload.options.amp", "accumulation, buffers, dropout, ema, tied"),
+    ({"name": "lightning", "options": {"module": "tests.lightning_user_modules:TinyRegression"}}, {"dropout": 0.1},
+     "workload.options.dropout", "no workload options"),
+    ("accelerate", {"data": "loader"}, "workload.options.data", "accumulation, buffers, dropout, ema, tied"),
     ("hf_trainer", {"ema": 0.9}, "workload.options.ema", "no workload options"),
     ("deepspeed.zero1", {"accumulation": 2}, "workload.options.accumulation", "dropout"),
     ("deepspeed.zero3", {"ema": 0.9}, "workload.options.ema", "data"),

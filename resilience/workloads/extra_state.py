@@ -62,7 +62,8 @@ class RunningCenter(torch.nn.Module):
 
 class WeightAverage:
     """An exponential moving average of a model's parameters (full tensors, by name), updated after
-    every optimizer step as EMA helpers in training scripts do. A sharded parameter (FSDP2's
+    every optimizer step as EMA helpers in training scripts do (``state_dict`` and
+    ``load_state_dict``, so a library can checkpoint it as it does a module). A sharded parameter (FSDP2's
     DTensor) is gathered first: a collective, so ``update`` is called on every rank together."""
 
     def __init__(self, model: torch.nn.Module, decay: float):
@@ -75,10 +76,10 @@ class WeightAverage:
             for name, average in self.average.items():
                 average.lerp_(_full(parameters[name]).detach().to(average.device), 1 - self.decay)
 
-    def state(self) -> dict[str, torch.Tensor]:
+    def state_dict(self) -> dict[str, torch.Tensor]:
         return {name: tensor.clone() for name, tensor in self.average.items()}
 
-    def load(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         missing = set(self.average) - set(state)
         if missing:
             raise KeyError(f"the EMA state lacks {sorted(missing)}")

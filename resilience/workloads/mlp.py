@@ -186,7 +186,7 @@ class MLPWorkload(TrainableWorkload):
         if self.dropouts:
             state["torch_rng"] = torch.get_rng_state()
         if self.average is not None:
-            state["ema"] = self.average.state()
+            state["ema"] = self.average.state_dict()
         if self.precision.scaler is not None:
             state["scaler"] = self.precision.scaler.state_dict()
         return state
@@ -206,7 +206,7 @@ class MLPWorkload(TrainableWorkload):
         if self.dropouts:
             torch.set_rng_state(state["torch_rng"])
         if self.average is not None:
-            self.average.load(state["ema"])
+            self.average.load_state_dict(state["ema"])
         if self.precision.scaler is not None:
             self.precision.scaler.load_state_dict(state["scaler"])
         self._step = int(state["step"])

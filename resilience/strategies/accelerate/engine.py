@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ...workloads.base import TrainableWorkload, Workload
 
 
@@ -26,7 +28,8 @@ class DataPosition:
 
 class AccelerateTrainedWorkload(Workload):
     """A `TrainableWorkload` trained by Accelerate's prepared model, optimizer, scheduler and data
-    loader. State (what fingerprints see): the position, the model, the optimizer, the schedule."""
+    loader. State (what fingerprints see): the position, the model, the optimizer, the schedule,
+    and with the options the weights' average and the process's torch RNG."""
 
     def __init__(self, inner: TrainableWorkload):
         super().__init__(inner.spec, inner.rank, inner.world_size)
@@ -42,8 +45,14 @@ class AccelerateTrainedWorkload(Workload):
         raise NotImplementedError("the Accelerate loop computes the steps of an Accelerate-trained workload")
 
     def state_dict(self) -> dict[str, Any]:
-        return {**self.position.state_dict(), "model": self.inner.model.state_dict(),
-                "optimizer": self.inner.optimizer.state_dict(), "scheduler": self.inner.scheduler.state_dict()}
+        state = {**self.position.state_dict(), "model": self.inner.model.state_dict(),
+                 "optimizer": self.inner.optimizer.state_dict(), "scheduler": self.inner.scheduler.state_dict()}
+        average = getattr(self.inner, "average", None)  # the mlp workload's, with the ema option
+        if average is not None:
+            state["ema"] = average.state_dict()
+        if self.spec.options.get("dropout"):  # the stream dropout draws from
+            state["torch_rng"] = torch.get_rng_state()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         raise NotImplementedError("Accelerate restores its own checkpoints (Accelerator.load_state)")

@@ -19,6 +19,10 @@ from typing import Any, ClassVar
 from ...workloads.base import TrainableWorkload, Workload
 from ..base import CheckpointStrategy, TrainingObserver
 
+#: the workload options Accelerate trains with: the model-level ones travel in the workload's model,
+#: ``accumulation`` is ``Accelerator(gradient_accumulation_steps=...)`` with ``accumulate(model)``,
+#: and ``ema`` the workload's average, registered with ``register_for_checkpointing``
+WORKLOAD_OPTIONS = frozenset({"dropout", "buffers", "tied", "accumulation", "ema"})
 RESUME_ROUTES = ("skip", "stateful")  # skip_first_batches, or DataLoaderConfiguration(use_stateful_dataloader=True)
 
 
@@ -40,6 +44,9 @@ class AccelerateCheckpoint(CheckpointStrategy):
     (resume the epoch with ``skip_first_batches``, default, or let Accelerate's stateful data loader,
     ``use_stateful_dataloader=True``, save and restore its own position), ``seedable_sampler: false``
     (Accelerate's default sampler instead of its ``SeedableRandomSampler``, default true),
+    ``loader_generator: true`` (give the ``DataLoader`` a ``torch.Generator`` of its own, so that
+    the iterator made at a resume draws nothing from the stream dropout draws from; default false,
+    as Accelerate's examples build it),
     ``function: package.module:name`` (your own training function, unchanged, in place of the
     workload's loop: every rank calls it with ``arguments`` as keyword arguments and the checkpoint
     directory as ``directory_argument``, default ``project_dir``; `accelerate_user` observes it).
@@ -47,10 +54,11 @@ class AccelerateCheckpoint(CheckpointStrategy):
 
     drives_training = True
     options = ("total_limit", "epoch_steps", "resume_iteration", "dataloader", "seedable_sampler", "function",
-               "arguments", "directory_argument")
+               "arguments", "directory_argument", "loader_generator")
     option_values: ClassVar[Mapping[str, Any]] = {"resume_iteration": (True, False), "total_limit": int,
                                                   "epoch_steps": int, "dataloader": RESUME_ROUTES,
-                                                  "seedable_sampler": (True, False)}
+                                                  "seedable_sampler": (True, False),
+                                                  "loader_generator": (True, False)}
     requires = {"accelerate": "pip install 'resilience[accelerate]'"}
 
     @staticmethod
@@ -69,10 +77,15 @@ class AccelerateCheckpoint(CheckpointStrategy):
         return None
 
     @classmethod
+    def workload_options(cls, options: Mapping[str, Any]) -> frozenset[str] | None:
+        """`WORKLOAD_OPTIONS` in the workload's loop; none in a user's own function."""
+        return frozenset() if options.get("function") else WORKLOAD_OPTIONS
+
+    @classmethod
     def trainer(cls, options: Mapping[str, Any]) -> str:
         return (f"accelerate-{accelerate_version()}-{options.get('epoch_steps', 0)}-{options.get('dataloader', 'skip')}"
                 f"-{options.get('seedable_sampler', True)}-{options.get('function', 'workload')}"
-                f"-{sorted(dict(options.get('arguments', {})).items())}")
+                f"-{sorted(dict(options.get('arguments', {})).items())}-{options.get('loader_generator', False)}")
 
     @classmethod
     def trained_by(cls, options: Mapping[str, Any]) -> tuple[type, ...]:
@@ -98,7 +111,7 @@ class AccelerateCheckpoint(CheckpointStrategy):
         self.workload = AccelerateTrainedWorkload(workload)
         return self.workload
 
-    def _accelerator(self, observer: TrainingObserver):
+    def _accelerator(self, observer: TrainingObserver, accumulation: int):
         from accelerate import Accelerator
         from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration
 
@@ -108,6 +121,7 @@ class AccelerateCheckpoint(CheckpointStrategy):
         project = ProjectConfiguration(project_dir=str(context.checkpoint_dir), automatic_checkpoint_naming=automatic,
                                        total_limit=int(context.options.get("total_limit", 2)))
         return Accelerator(cpu=True, project_config=project, step_scheduler_with_optimizer=False,
+                           gradient_accumulation_steps=accumulation,
                            dataloader_config=DataLoaderConfiguration(
                                use_seedable_sampler=context.options.get("seedable_sampler", True),
                                use_stateful_dataloader=context.options.get("dataloader") == "stateful"))
@@ -123,38 +137,56 @@ class AccelerateCheckpoint(CheckpointStrategy):
         import torch
 
         inner, position = self.workload.inner, self.workload.position
-        accelerator = self.workload.accelerator = self._accelerator(observer)
         spec = inner.spec
+        accumulation = int(spec.options.get("accumulation", 1))
+        accelerator = self.workload.accelerator = self._accelerator(observer, accumulation)
         inputs, targets = inner.training_examples()
         epoch_steps = int(self.context.options.get("epoch_steps", 0) or len(inputs) // spec.global_batch)
         examples = min(len(inputs), epoch_steps * spec.global_batch)
         # each item carries its index: the data audit reads which samples a batch held from the batch
         dataset = torch.utils.data.TensorDataset(torch.arange(examples), inputs[:examples], targets[:examples])
-        loader = torch.utils.data.DataLoader(dataset, batch_size=spec.global_batch // self.context.world_size,
-                                             shuffle=True, drop_last=True)
+        # without a generator of its own, each iterator the loader makes draws its base seed from
+        # the process's default generator, the one dropout draws from
+        generator = torch.Generator().manual_seed(spec.seed) if self.context.options.get("loader_generator") else None
+        loader = torch.utils.data.DataLoader(dataset, batch_size=spec.global_batch // self.context.world_size
+                                             // accumulation, shuffle=True, drop_last=True, generator=generator)
         model, optimizer, loader, scheduler = accelerator.prepare(inner.model, inner.optimizer, loader, inner.scheduler)
         accelerator.register_for_checkpointing(position)
+        average = getattr(inner, "average", None)
+        if average is not None:  # the weights' average, checkpointed as a script registers it
+            accelerator.register_for_checkpointing(average)
         if observer.start == "strategy":
             self._load_newest(accelerator)
         elif observer.start == "snapshot":
             accelerator.load_state(str(observer.snapshot_path(observer.snapshot_step)))
         observer.restored(self.workload)
+        samples: list[int] = []
         while position.step < observer.steps:
             loader.set_epoch(position.epoch)
             skip = position.batch and self.context.options.get("dataloader", "skip") == "skip"
             batches = accelerator.skip_first_batches(loader, position.batch) if skip else loader
             for batch_samples, batch_inputs, batch_targets in batches:
                 step = position.step + 1
-                inner.last_samples = batch_samples.tolist()
-                observer.before_step(step)
-                loss = inner.local_loss(model(batch_inputs), batch_targets)
-                accelerator.backward(loss)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-                position.step, position.batch = step, position.batch + 1
+                if samples:  # a micro-batch of the step before this one
+                    observer.between_micro_steps(step)
+                else:
+                    observer.before_step(step)
+                    total = torch.zeros(1)
+                samples += batch_samples.tolist()
+                with accelerator.accumulate(model):  # the optimizer and schedule step on the last micro-batch
+                    loss = inner.local_loss(model(batch_inputs), batch_targets)
+                    accelerator.backward(loss)
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad()
+                position.batch += 1
+                total += loss.detach() / accumulation
+                if not accelerator.sync_gradients:
+                    continue
+                inner.last_samples, samples = samples, []
+                position.step = step
                 inner.count_step()
-                total = accelerator.reduce(loss.detach().clone().reshape(1), reduction="sum")
+                total = accelerator.reduce(total, reduction="sum")
                 observer.after_step(self.workload, step, float(total[0]) / self.context.world_size)
                 if observer.snapshot_due(step):
                     self.workload.save_reference_snapshot(observer.snapshot_path(step))

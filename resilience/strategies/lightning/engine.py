@@ -99,24 +99,50 @@ class WorkloadModule(LightningModule):
                                   sampler=torch.utils.data.RandomSampler(dataset))
 
 
+class BatchSteps:
+    """Whether the batch that just ended stepped the optimizer: ``global_step`` moved since the
+    batch began (with ``accumulate_grad_batches`` only a step's last batch moves it)."""
+
+    def __init__(self) -> None:
+        self.step_at_start = -1
+
+    def began(self, trainer) -> None:
+        self.step_at_start = trainer.global_step
+
+    def stepped(self, trainer) -> bool:
+        return trainer.global_step != self.step_at_start
+
+
 class HarnessCallback(Callback):
     """The harness's eyes in ``Trainer.fit``. Lightning runs checkpoint callbacks after all others,
-    so this callback's ``on_train_batch_end`` comes before ModelCheckpoint's save of the step."""
+    so this callback's ``on_train_batch_end`` comes before ModelCheckpoint's save of the step. With
+    ``accumulate_grad_batches`` a step is several batches: the observer hears of the step at its
+    first, of a micro-step before each other, and of its end (loss, samples) after its last."""
 
     def __init__(self, workload: "LightningTrainedWorkload", observer: TrainingObserver):
         self.workload, self.observer = workload, observer
+        self.batches, self.in_step, self.samples, self.loss = BatchSteps(), False, [], 0.0
 
     def on_train_start(self, trainer, pl_module):
         self.observer.restored(self.workload)  # Lightning restored the checkpoint before this hook
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.batches.began(trainer)
+        if self.in_step:
+            self.observer.between_micro_steps(trainer.global_step + 1)
+            return
+        self.in_step, self.samples, self.loss = True, [], 0.0
         self.observer.before_step(trainer.global_step + 1)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        step = trainer.global_step
         if isinstance(pl_module, WorkloadModule):  # a user's module: its batches' layout is its own
-            self.workload.last_samples = batch[0].tolist()
-        total = outputs["loss"].detach().clone().reshape(1)
+            self.samples += batch[0].tolist()
+        self.loss += float(outputs["loss"])  # a micro-batch's loss, as Lightning scales it
+        if not self.batches.stepped(trainer):
+            return
+        step, self.in_step = trainer.global_step, False
+        self.workload.last_samples = self.samples
+        total = torch.tensor([self.loss])
         dist.all_reduce(total)
         self.observer.after_step(self.workload, step, float(total[0]) / trainer.world_size)
         if self.observer.snapshot_due(step):
@@ -130,11 +156,14 @@ class SaveReturned(Checkpoint):
     others, in the order given, so this one comes after ModelCheckpoint (and OnExceptionCheckpoint)."""
 
     def __init__(self, observer: TrainingObserver):
-        self.observer = observer
+        self.observer, self.batches = observer, BatchSteps()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.batches.began(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
-        if self.observer.saves and step % self.observer.checkpoint_every == 0:
+        if self.batches.stepped(trainer) and self.observer.saves and step % self.observer.checkpoint_every == 0:
             self.observer.after_save(step)
 
 
@@ -142,13 +171,15 @@ class LightningTrainedWorkload(Workload):
     """The workload whose steps ``Trainer.fit`` computes over ``module`` (the built-in
     `WorkloadModule`, or a user's own LightningModule). Its state (what fingerprints see): the step,
     the module's parameters and buffers, every optimizer's and LR scheduler's state, as the
-    trainer holds them; the data position lives in Lightning's loops and its data loader, and shows
-    in the losses after a restore."""
+    trainer holds them, and with the workload's options the EMA callback's average and the process's
+    torch RNG (which dropout draws from); the data position lives in Lightning's loops and its data
+    loader, and shows in the losses after a restore."""
 
     def __init__(self, spec: Any, rank: int, world_size: int, module: LightningModule):
         super().__init__(spec, rank, world_size)
         self.module = module
         self.trainer: Any = None
+        self.averaging: Any = None  # Lightning's EMAWeightAveraging callback, with the ``ema`` option
 
     @property
     def step(self) -> int:
@@ -159,9 +190,16 @@ class LightningTrainedWorkload(Workload):
 
     def state_dict(self) -> dict[str, Any]:
         trainer = self.trainer
-        return {"step": self.step, "model": self.module.state_dict(),
-                "optimizers": [optimizer.state_dict() for optimizer in trainer.optimizers],
-                "schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs]}
+        state = {"step": self.step, "model": self.module.state_dict(),
+                 "optimizers": [optimizer.state_dict() for optimizer in trainer.optimizers],
+                 "schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs]}
+        # the callback's AveragedModel (built at the fit's setup; no public accessor in 2.6.6)
+        average = getattr(self.averaging, "_average_model", None)
+        if average is not None:  # the averaged weights and their count, as the callback saves them
+            state["ema"] = average.state_dict()
+        if self.spec.options.get("dropout"):  # the stream dropout draws from
+            state["torch_rng"] = torch.get_rng_state()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         raise NotImplementedError("Lightning restores its own checkpoints (Trainer.fit(ckpt_path=...))")

@@ -16,6 +16,10 @@ from typing import Any, ClassVar
 from ...workloads.base import TrainableWorkload, Workload
 from ..base import CheckpointStrategy, TrainingObserver
 
+#: the workload options Lightning trains with: the model-level ones travel in the workload's model,
+#: ``accumulation`` is ``Trainer(accumulate_grad_batches=...)``, ``ema`` Lightning's own
+#: ``EMAWeightAveraging`` callback
+WORKLOAD_OPTIONS = frozenset({"dropout", "buffers", "tied", "accumulation", "ema"})
 LOADERS = ("plain", "stateful", "stateful_distributed")  # torch's DataLoader; torchdata's StatefulDataLoader
 TOP_K = (-1, 0, 1)  # ModelCheckpoint without a monitor accepts these
 
@@ -60,6 +64,11 @@ class LightningCheckpoint(CheckpointStrategy):
         return None
 
     @classmethod
+    def workload_options(cls, options: Mapping[str, Any]) -> frozenset[str] | None:
+        """`WORKLOAD_OPTIONS` on the workload's model; none on a user's own module."""
+        return frozenset() if options.get("module") else WORKLOAD_OPTIONS
+
+    @classmethod
     def trainer(cls, options: Mapping[str, Any]) -> str:
         return (f"lightning-{lightning_version()}-{options.get('dataloader', 'plain')}-{options.get('epoch_steps', 0)}"
                 f"-{options.get('module', 'workload')}")
@@ -85,7 +94,8 @@ class LightningCheckpoint(CheckpointStrategy):
         spec = workload.spec
         examples = len(workload.training_examples()[0])
         epoch_steps = int(self.context.options.get("epoch_steps", 0) or examples // spec.global_batch)
-        module = WorkloadModule(workload, spec.global_batch // self.context.world_size,
+        micro_batch = spec.global_batch // self.context.world_size // int(spec.options.get("accumulation", 1))
+        module = WorkloadModule(workload, micro_batch,
                                 min(examples, epoch_steps * spec.global_batch),
                                 self.context.options.get("dataloader", "plain"))
         self.workload = LightningTrainedWorkload(spec, workload.rank, workload.world_size, module)
@@ -100,7 +110,14 @@ class LightningCheckpoint(CheckpointStrategy):
 
         os.environ["PL_GLOBAL_SEED"] = str(workload.spec.seed)  # the DistributedSampler's shuffle seed
         directory = str(self.context.checkpoint_dir)
-        callbacks: list[Any] = [HarnessCallback(self.workload, observer)]
+        options = workload.spec.options
+        callbacks: list[Any] = []
+        if "ema" in options:  # Lightning's own EMA at its defaults but the decay; before the harness's
+            from pytorch_lightning.callbacks import EMAWeightAveraging  # callback, which digests the step
+
+            self.workload.averaging = EMAWeightAveraging(decay=float(options["ema"]))
+            callbacks.append(self.workload.averaging)
+        callbacks.append(HarnessCallback(self.workload, observer))
         if observer.saves:
             callbacks.append(ModelCheckpoint(dirpath=directory, every_n_train_steps=observer.checkpoint_every,
                                              save_last=True, save_top_k=int(self.context.options.get("save_top_k", 1))))
@@ -111,6 +128,7 @@ class LightningCheckpoint(CheckpointStrategy):
                              strategy=DDPStrategy(cluster_environment=HarnessRanks(self.context),
                                                   process_group_backend="gloo"),
                              max_steps=observer.steps, max_epochs=-1, callbacks=callbacks,
+                             accumulate_grad_batches=int(options.get("accumulation", 1)),
                              enable_checkpointing=observer.saves, logger=False, enable_progress_bar=False,
                              enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                              default_root_dir=directory)
