@@ -9,6 +9,7 @@ import torch
 from resilience.core.case import VerdictKind, WorkloadSpec
 from resilience.workloads.loader import LoaderData
 from resilience.workloads.mlp import MLPWorkload
+from resilience.workloads.parallel_extras import DropoutMasks
 
 from .test_loader import load, scenario_error, variant
 
@@ -67,10 +68,40 @@ def test_options_are_checked_again_at_the_restart_world_size():
     assert err.key == "restart.world_size" and "micro-batch" in str(err), str(err)
 
 
-def test_another_workload_takes_no_options():
-    err = scenario_error(variant({"workload.model": "tp_mlp", "strategy": "megatron", "topology": {"tp": 2},
-                                  "workload.options": {"dropout": 0.1}}))
-    assert err.key == "workload.options.dropout" and "takes no options" in str(err), str(err)
+def test_the_tensor_parallel_workload_takes_the_options_a_split_keeps_meaningful():
+    parallel = {"workload.model": "tp_mlp", "strategy": "megatron", "topology": {"tp": 2}, "workload.world_size": 4}
+    load(variant({**parallel, "workload.options": {"dropout": 0.1, "ema": 0.9, "accumulation": 2}}))
+    err = scenario_error(variant({**parallel, "workload.options": {"data": "loader"}}))
+    assert err.key == "workload.options.data" and "not an option of workload tp_mlp" in str(err), str(err)
+    assert err.allowed == "dropout, ema, accumulation", str(err)
+    err = scenario_error(variant({**parallel, "workload.options": {"accumulation": 3}}))
+    assert err.key == "workload.options.accumulation", str(err)
+    engine = {**parallel, "strategy": "megatron_deepspeed"}
+    err = scenario_error(variant({**engine, "workload.options": {"accumulation": 2}}))
+    assert err.key == "workload.options.accumulation" and "does not train with this option" in str(err), str(err)
+
+
+def test_tensor_parallel_dropout_keeps_each_ranks_columns_of_one_global_mask():
+    """Every tensor-parallel rank draws the whole global micro-batch's mask from the same stream
+    and keeps its rows and columns: the split changes which rank applies a mask entry, never the
+    entry, so the trajectory does not depend on the topology."""
+    hidden, global_rows = 8, 6
+
+    def masks(tp: int, tp_rank: int, rows: slice) -> list[torch.Tensor]:
+        width = hidden // tp
+        dropout = DropoutMasks(0.5, hidden, slice(tp_rank * width, (tp_rank + 1) * width), per_rank=False)
+        torch.manual_seed(7)
+        dropout.draw(global_rows, rows)
+        ones = torch.ones(rows.stop - rows.start, hidden)
+        return [dropout.apply(0, ones[:, dropout.tp_slice], sliced=True), dropout.apply(1, ones, sliced=False)]
+
+    whole = masks(1, 0, slice(0, global_rows))
+    halves = [masks(2, tp_rank, slice(0, global_rows)) for tp_rank in range(2)]
+    assert torch.equal(torch.cat([half[0] for half in halves], dim=1), whole[0])
+    assert all(torch.equal(half[1], whole[1]) for half in halves)
+    data_parallel = [masks(1, 0, slice(start, start + 3)) for start in (0, 3)]
+    assert torch.equal(torch.cat([rank[0] for rank in data_parallel]), whole[0])
+    assert 0 < int((whole[0] == 0).sum()) < whole[0].numel()  # a mask that drops some and keeps some
 
 
 def test_a_kill_between_micro_steps_needs_a_workload_or_strategy_that_accumulates():

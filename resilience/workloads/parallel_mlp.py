@@ -9,6 +9,7 @@ on another topology is compared bitwise with the reference at the same step.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,12 @@ from ..core.device import rank_device
 from ..core.topology import Topology
 from .base import Workload, flatten_state, tensor_digest
 from .data import ShuffledSampler, synthetic_dataset
+from .extra_state import WeightAverage
 from .mlp import hidden_width, lr_factor, sum_gradients
-from .tensor_parallel import StageModule, SumOverTensorGroup, own_group
+from .options import TrainingExtras
+from .parallel_extras import DropoutMasks, parallel_option_problem
+from .parallel_mlp_full import full_state, load_snapshot, save_snapshot
+from .tensor_parallel import StageModule, SumOverTensorGroup, own_group, pipeline_pass
 
 # Three blocks of layers; a pipeline of pp stages holds them as STAGE_BLOCKS[pp][stage].
 STAGE_BLOCKS = {1: ((0, 1, 2),), 2: ((0, 1), (2,)), 3: ((0,), (1,), (2,))}
@@ -42,7 +47,8 @@ class TensorParallelMLP(Workload):
     never depends on the topology; only the bits of the sums (the tensor-parallel all-reduce and
     the data-parallel gradient all-reduce) do. Input noise: one stream for the job (``rank_rng:
     same``) or one per data-parallel rank (``distinct``, Megatron's ``data_parallel_random_init``);
-    tensor-parallel and pipeline peers of a data-parallel rank draw the same noise.
+    tensor-parallel and pipeline peers of a data-parallel rank draw the same noise. Options
+    (`parallel_extras`): ``dropout``, ``ema`` and ``accumulation``.
     """
 
     model_parallel = True
@@ -55,6 +61,11 @@ class TensorParallelMLP(Workload):
     @classmethod
     def hidden_width(cls, spec: WorkloadSpec) -> int:
         return max(HIDDEN_MULTIPLE, hidden_width(spec.size_bytes, cls.input_dim) // HIDDEN_MULTIPLE * HIDDEN_MULTIPLE)
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any], world_size: int,
+                      global_batch: int) -> tuple[str, str, Any, Any] | None:
+        return parallel_option_problem(options, world_size, global_batch)
 
     @classmethod
     def topology_problem(cls, spec: WorkloadSpec, tp: int, pp: int) -> str | None:
@@ -80,6 +91,11 @@ class TensorParallelMLP(Workload):
         self.blocks = STAGE_BLOCKS[topo.pp][self.coords.pp]
         self.hidden = self.hidden_width(spec)
         self.local_batch = spec.global_batch // topo.dp
+        self.extras = extras = TrainingExtras.parse(spec.options)
+        if self.local_batch % extras.accumulation:
+            raise ValueError(f"{extras.accumulation} micro-batches do not split the {self.local_batch} examples "
+                             f"of each of {topo.dp} data-parallel ranks")
+        self.micro_batch = self.local_batch // extras.accumulation
 
         self.device = torch.device(rank_device())  # cuda:LOCAL_RANK under NCCL, else the CPU
         torch.manual_seed(spec.seed)  # the full model, identical on every rank, then this rank's shard
@@ -95,12 +111,20 @@ class TensorParallelMLP(Workload):
             self.model.add_module(f"layer{block + 1}", layer)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.base_lr, foreach=False)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor)
+        self.average = WeightAverage(self.model, extras.ema) if extras.ema is not None else None
 
         inputs, targets = synthetic_dataset(spec.seed, self.dataset_size, self.input_dim)
         self.inputs, self.targets = inputs.to(self.device), targets.to(self.device)
         distinct = spec.rank_rng == "distinct"
-        self.rng = torch.Generator().manual_seed(spec.seed + 2 + ((self.coords.dp + 1) * 7919 if distinct else 0))
-        self.rank_local_keys = ("rng",) if distinct else ()
+        stream_seed = spec.seed + 2 + ((self.coords.dp + 1) * 7919 if distinct else 0)
+        self.rng = torch.Generator().manual_seed(stream_seed)
+        self.dropout = None
+        if extras.dropout:  # the process's own stream, which dropout draws from
+            torch.manual_seed(stream_seed + 1)
+            width = self.hidden // topo.tp
+            self.dropout = DropoutMasks(extras.dropout, self.hidden,
+                                        slice(self.coords.tp * width, (self.coords.tp + 1) * width), distinct)
+        self.rank_local_keys = (("rng", "torch_rng") if extras.dropout else ("rng",)) if distinct else ()
         self._step = 0
         self.sampler = ShuffledSampler(spec.seed, self.dataset_size, spec.global_batch)
 
@@ -120,28 +144,46 @@ class TensorParallelMLP(Workload):
     def step(self) -> int:
         return self._step
 
-    def next_local_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = self.spec.global_batch
+    def micro_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The next step's micro-batches for this rank, (inputs, targets) each: micro-batch m is the
+        m-th slice of the global batch, of which each data-parallel rank holds a contiguous run of
+        rows. Tells ``micro_step_listener`` between them, and records the step's samples at the end."""
         indices = self.sampler.next_indices()
-        start = self.coords.dp * self.local_batch
-        local = indices[start:start + self.local_batch]
-        self.last_samples = local.tolist()  # the rows gathered below: what this step trains on
-        if self.spec.rank_rng == "same":
-            noise = torch.randn(batch, self.input_dim, generator=self.rng)[start:start + self.local_batch]
-        else:
-            noise = torch.randn(self.local_batch, self.input_dim, generator=self.rng)
-        local = local.to(self.device)  # the data order and the noise stream stay on the CPU
-        return self.inputs[local] + self.noise_scale * noise.to(self.device), self.targets[local]
+        count = self.extras.accumulation
+        global_micro = self.spec.global_batch // count
+        rows = slice(self.coords.dp * self.micro_batch, (self.coords.dp + 1) * self.micro_batch)
+        samples: list[int] = []
+        for index in range(count):
+            if index and self.micro_step_listener is not None:
+                self.micro_step_listener(self._step + 1)
+            local = indices[index * global_micro:(index + 1) * global_micro][rows]
+            samples += local.tolist()  # the rows gathered below: what this step trains on
+            if self.spec.rank_rng == "same":
+                noise = torch.randn(global_micro, self.input_dim, generator=self.rng)[rows]
+            else:
+                noise = torch.randn(self.micro_batch, self.input_dim, generator=self.rng)
+            if self.dropout is not None:
+                self.dropout.draw(global_micro, rows)
+            local = local.to(self.device)  # the data order and the noise stream stay on the CPU
+            yield self.inputs[local] + self.noise_scale * noise.to(self.device), self.targets[local]
+        self.last_samples = samples
+
+    def next_local_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's whole batch of the next step, for an engine that takes one a step."""
+        (batch,) = list(self.micro_batches())
+        return batch
 
     def _block(self, block: int, x: torch.Tensor) -> torch.Tensor:
         layer = getattr(self.model, f"layer{block + 1}")
         if block == 0:  # column-parallel: this rank's slice of the hidden units
-            return torch.tanh(F.linear(x, layer.weight, layer.bias))
-        if block == 1:  # row-parallel: partial products summed over the tensor-parallel group
+            hidden = torch.tanh(F.linear(x, layer.weight, layer.bias))
+        elif block == 1:  # row-parallel: partial products summed over the tensor-parallel group
             partial = F.linear(x, layer.weight)
             total = SumOverTensorGroup.apply(partial, self.tensor_group) if self.topology.tp > 1 else partial
-            return torch.tanh(total + layer.bias)
-        return F.linear(x, layer.weight, layer.bias)
+            hidden = torch.tanh(total + layer.bias)
+        else:
+            return F.linear(x, layer.weight, layer.bias)
+        return hidden if self.dropout is None else self.dropout.apply(block, hidden, sliced=block == 0)
 
     def run_blocks(self, activation: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
@@ -149,49 +191,43 @@ class TensorParallelMLP(Workload):
         return activation
 
     def train_step(self) -> float:
-        inputs, targets = self.next_local_batch()
         self.optimizer.zero_grad(set_to_none=False)
-        stage, stages = self.coords.pp, self.topology.pp
-        if stage == 0:
-            received = None
-            activation = inputs
-        else:  # this rank's tensor-parallel slice (after block 0) or the full width (after block 1)
-            width = self.hidden // self.topology.tp if self.blocks[0] == 1 else self.hidden
-            received = torch.empty(self.local_batch, width, device=self.device)
-            dist.recv(received, src=self.pipeline_ranks[stage - 1])
-            activation = received.requires_grad_()
-        activation = self.run_blocks(activation)
-        if stage == stages - 1:
-            loss = ((activation - targets) ** 2).sum() / self.spec.global_batch
-            loss.backward()
-            local_loss = loss.detach().reshape(1)
-        else:
-            dist.send(activation.detach().contiguous(), dst=self.pipeline_ranks[stage + 1])
-            grad = torch.empty_like(activation)
-            dist.recv(grad, src=self.pipeline_ranks[stage + 1])
-            activation.backward(grad)
-            local_loss = torch.zeros(1, device=self.device)
-        if received is not None:
-            dist.send(received.grad.contiguous(), dst=self.pipeline_ranks[stage - 1])
+        local_loss = torch.zeros(1, device=self.device)
+        for inputs, targets in self.micro_batches():  # gradients accumulate, one reduction a step
+            local_loss += pipeline_pass(self, inputs, targets)
         loss_value = sum_gradients(self.model.parameters(), local_loss, self.data_group,
                                     reduce=self.topology.dp > 1)
         self.optimizer.step()
         self.scheduler.step()
-        self._step += 1
-        if stages > 1:  # the last stage computed the loss; every rank reports it
+        self.count_step()
+        if self.topology.pp > 1:  # the last stage computed the loss; every rank reports it
             dist.broadcast(loss_value, src=self.pipeline_ranks[-1], group=self.pipeline_group)
         return float(loss_value)
 
-    def count_step(self) -> None:  # an engine that drives this workload (DeepSpeed) finished a step
+    def count_step(self) -> None:
+        """An optimizer step finished (this workload's own, or an engine's that drives it)."""
+        if self.average is not None:
+            self.average.update(self.model)
         self._step += 1
 
     # -- state ------------------------------------------------------------------------------------
     def progress_state(self) -> dict[str, Any]:
-        return {"step": self._step, "data": self.sampler.state(), "rng": self.rng.get_state()}
+        state = {"step": self._step, "data": self.sampler.state(), **self.own_streams()}
+        if self.average is not None:
+            state["ema"] = self.average.state_dict()  # this rank's shard of the average
+        return state
+
+    def own_streams(self) -> dict[str, torch.Tensor]:
+        """The noise generator's state, and with dropout the process's torch RNG's."""
+        return {"rng": self.rng.get_state(), **({"torch_rng": torch.get_rng_state()} if self.dropout else {})}
 
     def load_progress_state(self, state: dict[str, Any]) -> None:
         self.sampler.load(state["data"])
         self.rng.set_state(state["rng"])
+        if self.dropout is not None:
+            torch.set_rng_state(state["torch_rng"])
+        if self.average is not None:
+            self.average.load_state_dict(state["ema"])
         self._step = int(state["step"])
 
     def state_dict(self) -> dict[str, Any]:
@@ -228,44 +264,20 @@ class TensorParallelMLP(Workload):
         self.load_progress_state(state)
 
     def full_state(self, held: dict[str, dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:
-        """The unsharded model and optimizer state, gathered from every shard (collective).
-        ``held``: this rank's shard by name (``param`` and Adam's entries) where an engine owns it."""
-        adam = self.optimizer.state
-        held = held if held is not None else {
-            name: {"param": p.detach().clone(), **{k: v.clone() for k, v in adam.get(p, {}).items()}}
-            for name, p in self._params().items()}
-        held = {name: {key: value.cpu() for key, value in entry.items()} for name, entry in held.items()}
-        pieces: list[Any] = [None] * self.world_size
-        dist.all_gather_object(pieces, (self.coords.tp, self.coords.pp, self.coords.dp, held))
-        full: dict[str, dict[str, torch.Tensor]] = {}
-        for name, dim in SPLIT_DIM.items():
-            shards = sorted((tp, own[name]) for tp, _pp, dp, own in pieces if dp == 0 and name in own)
-            full[name] = {entry: (shards[0][1][entry] if dim is None or entry == "step"
-                                  else torch.cat([s[entry] for _, s in shards], dim=dim))
-                          for entry in shards[0][1]}
-        group = {k: v for k, v in self.optimizer.state_dict()["param_groups"][0].items() if k != "params"}
-        return {"model": {n: e["param"] for n, e in full.items()},
-                "optimizer": {"state": {n: {k: v for k, v in e.items() if k != "param"} for n, e in full.items()},
-                              "group": group},
-                "scheduler": self.scheduler.state_dict(), "step": self._step,
-                "data": self.sampler.state()}
+        """The unsharded state, gathered from every shard (collective; `parallel_mlp_full`)."""
+        return full_state(self, held)
 
     def fingerprint(self) -> dict[str, str]:
-        state = {**self.full_state(), "rng": self.rng.get_state()}
+        state = {**self.full_state(), **self.own_streams()}
         return {key: tensor_digest(value) for key, value in flatten_state(state)}
 
     def save_reference_snapshot(self, directory: Path) -> None:
-        """One full copy per data-parallel rank (its noise stream differs with ``distinct``)."""
-        full = {**self.full_state(), "rng": self.rng.get_state()}
-        if self.coords.tp == 0 and self.coords.pp == 0:
-            directory.mkdir(parents=True, exist_ok=True)
-            torch.save(full, directory / f"dp_{self.coords.dp}.pt")
+        """One full copy per data-parallel rank (its streams differ with ``distinct``)."""
+        save_snapshot(self, self.full_state(), directory)
 
     def load_reference_snapshot(self, directory: Path) -> None:
         """Slice the trusted full state for this rank's place in this phase's topology."""
-        full = torch.load(directory / "dp_0.pt", weights_only=True)
-        own = directory / f"dp_{self.coords.dp}.pt"
-        rng = torch.load(own, weights_only=True)["rng"] if own.exists() else self.rng.get_state()
+        full, progress = load_snapshot(directory, self)
         names = list(self._params())
         self.model.load_state_dict({n: self.shard(n, full["model"][n]) for n in names})
         optimizer_state = {index: {k: (v if k == "step" else self.shard(n, v))
@@ -275,5 +287,4 @@ class TensorParallelMLP(Workload):
             {**full["optimizer"]["group"], "params": list(range(len(names)))}]})
         self.scheduler.load_state_dict(full["scheduler"])
         self.load_state_dict({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                              "scheduler": full["scheduler"], "step": full["step"], "data": full["data"],
-                              "rng": rng if self.rank_local_keys else full["rng"]})
+                              "scheduler": full["scheduler"], **progress})

@@ -12,7 +12,9 @@ and ``make_sharded_tensor_for_checkpoint``; ``megatron/core/optimizer/optimizer.
   parameter, keys ``optimizer.state.exp_avg.model.layerN.<name>``); the per-parameter ``step``, which
   Megatron saves once as ``common_step``, and the param groups in the common state.
 - common (``common.pt``, rank 0's): step, scheduler, data position.
-- RNG: as Megatron-LM's ``get_rng_state`` (``megatron/training/checkpointing.py`` at
+- ema (with the ``ema`` option): the average, sharded like its parameters (``ema.layerN.<name>``).
+- RNG: as Megatron-LM's ``get_rng_state`` (the noise stream, and with dropout the process's torch
+  RNG, as its ``torch_rng_state``) (``megatron/training/checkpointing.py`` at
   ``core_v0.16.1``, lines 347-383): one ``ShardedObject('rng_state', states, (pp, tp), (pp_rank,
   tp_rank), replica_id=dp_rank)`` per model-parallel rank, whose list holds every data-parallel
   rank's state (gathered over the data-parallel group) with per-rank streams, as with
@@ -47,14 +49,15 @@ def sharded_state_dict(workload: Any, loading: bool = False, with_rng: bool = Tr
     )
 
     topology, coords = workload.topology, workload.coords
-    model = {}
-    for name, param in workload.model.named_parameters():
+
+    def sharded_like_parameter(key: str, name: str, tensor: torch.Tensor) -> Any:
         dim = workload.split_dims[name]
         if dim is None:
-            model[name] = ShardedTensor.from_rank_offsets(f"model.{name}", param, replica_id=(0, coords.tp, coords.dp))
-        else:
-            model[name] = ShardedTensor.from_rank_offsets(f"model.{name}", param, (dim, coords.tp, topology.tp),
-                                                          replica_id=(0, 0, coords.dp))
+            return ShardedTensor.from_rank_offsets(key, tensor, replica_id=(0, coords.tp, coords.dp))
+        return ShardedTensor.from_rank_offsets(key, tensor, (dim, coords.tp, topology.tp), replica_id=(0, 0, coords.dp))
+
+    model = {name: sharded_like_parameter(f"model.{name}", name, param)
+             for name, param in workload.model.named_parameters()}
     optimizer = workload.optimizer.state_dict()
     params = list(workload.model.parameters())
     if loading or not optimizer["state"]:
@@ -69,6 +72,9 @@ def sharded_state_dict(workload: Any, loading: bool = False, with_rng: bool = Tr
              "common_step": torch.tensor(steps.pop() if steps else 0.0),
              "scheduler": workload.scheduler.state_dict(), "iteration": workload.step,
              "data": workload.sampler.state(), "args": parallel_sizes(topology)}
+    if workload.average is not None:  # the EMA, sharded like its parameters
+        state["ema"] = {name: sharded_like_parameter(f"ema.{name}", name, average)
+                        for name, average in workload.average.average.items()}
     if with_rng:
         state["rng"] = rng_state(workload, loading)
     return state
@@ -87,10 +93,10 @@ def rng_state(workload: Any, loading: bool) -> Any:
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
     topology, coords = workload.topology, workload.coords
-    states = [workload.rng.get_state()]
+    states = [workload.own_streams()]
     if workload.rank_local_keys and topology.dp > 1 and not loading:
         states = [None] * topology.dp
-        dist.all_gather_object(states, workload.rng.get_state(), group=workload.data_group)
+        dist.all_gather_object(states, workload.own_streams(), group=workload.data_group)
     return ShardedObject("rng_state", states, (topology.pp, topology.tp), (coords.pp, coords.tp),
                          replica_id=coords.dp)
 
@@ -105,5 +111,6 @@ def state_from_loaded(workload: Any, loaded: dict[str, Any]) -> dict[str, Any]:
             "optimizer": {"state": state if float(step) > 0 else {},
                           "param_groups": loaded["optimizer"]["param_groups"]},
             "scheduler": loaded["scheduler"], "step": int(loaded["iteration"]), "data": loaded["data"],
-            "rng": (loaded["rng"][workload.coords.dp if workload.rank_local_keys else 0] if "rng" in loaded
-                    else workload.rng.get_state())}
+            **(loaded["rng"][workload.coords.dp if workload.rank_local_keys else 0] if "rng" in loaded
+               else workload.own_streams()),
+            **({"ema": {name: loaded["ema"][name].detach().clone() for name in names}} if "ema" in loaded else {})}

@@ -77,17 +77,18 @@ class MegatronCheckpoint(CheckpointStrategy):
 
     def save(self, workload: Workload, step: int) -> None:
         state = workload.state_dict()
-        rng_state = [state["rng"]]
+        rng_state = [workload.own_streams()]  # the noise stream, and with dropout the torch RNG
         if self.random_init and self.topology.dp > 1:
             rng_state = [None] * self.topology.dp
-            dist.all_gather_object(rng_state, state["rng"], group=self.data_group)
+            dist.all_gather_object(rng_state, workload.own_streams(), group=self.data_group)
+        extra = {"ema": state["ema"]} if "ema" in state else {}  # a script's own entry beside the model
         if self.coords.dp == 0:
             path = checkpoint_file(self.context.checkpoint_dir, step, self.coords.tp, self.coords.pp,
                                    self.topology.pp)
             path.parent.mkdir(parents=True, exist_ok=True)
             torch.save({"args": self._args(workload, state), "checkpoint_version": CHECKPOINT_VERSION,
                         "iteration": step, "model": state["model"], "optimizer": state["optimizer"],
-                        "opt_param_scheduler": state["scheduler"], "rng_state": rng_state}, path)
+                        "opt_param_scheduler": state["scheduler"], "rng_state": rng_state, **extra}, path)
         dist.barrier()
         if self.context.rank == 0:
             write_tracker(self.context.checkpoint_dir, step)
@@ -105,7 +106,8 @@ class MegatronCheckpoint(CheckpointStrategy):
         rng = rng_list[self.coords.dp] if self.random_init else rng_list[0]
         workload.load_state_dict({"model": saved["model"], "optimizer": saved["optimizer"],
                                   "scheduler": saved["opt_param_scheduler"], "step": saved["iteration"],
-                                  "data": saved["args"]["consumed_train_samples"], "rng": rng})
+                                  "data": saved["args"]["consumed_train_samples"], **rng,
+                                  **({"ema": saved["ema"]} if "ema" in saved else {})})
         dist.barrier()
 
     def _check_args(self, saved: dict, workload: Workload) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ...workloads.parallel_mlp_full import load_snapshot, save_snapshot
 from ..deepspeed.engine import ZeroTrainedWorkload
 
 
@@ -98,24 +99,18 @@ class ZeroTrainedTensorParallel(ZeroTrainedWorkload):
     def fingerprint(self) -> dict[str, str]:
         from ...workloads.base import flatten_state, tensor_digest
 
-        state = {**self.full_state(), "rng": self.inner.rng.get_state()}
+        state = {**self.full_state(), **self.inner.own_streams()}
         return {key: tensor_digest(value) for key, value in flatten_state(state)}
 
     def save_reference_snapshot(self, directory: Path) -> None:
-        full = {**self.full_state(), "rng": self.inner.rng.get_state()}
-        if self.inner.coords.tp == 0:
-            directory.mkdir(parents=True, exist_ok=True)
-            torch.save(full, directory / f"dp_{self.inner.coords.dp}.pt")
+        save_snapshot(self.inner, self.full_state(), directory)
 
     def load_reference_snapshot(self, directory: Path) -> None:
-        full = torch.load(directory / "dp_0.pt", weights_only=True)
-        own = directory / f"dp_{self.inner.coords.dp}.pt"
-        rng = torch.load(own, weights_only=True)["rng"] if own.exists() else self.inner.rng.get_state()
+        full, progress = load_snapshot(directory, self.inner)
         moments = full["optimizer"]["state"]
         names = [name for name, _ in self.engine.module.named_parameters()]
         state = {"model": {n: self.inner.shard(n, full["model"][n]) for n in names}, "scheduler": full["scheduler"],
-                 "optimizer": {}, "step": full["step"], "data": full["data"],
-                 "rng": rng if self.rank_local_keys else full["rng"]}
+                 "optimizer": {}, **progress}
         if moments[names[0]]:
             state["optimizer"] = {key: {n: self.inner.shard(n, moments[n][key]) for n in names}
                                   for key in ("exp_avg", "exp_avg_sq")}

@@ -22,7 +22,10 @@ each on a process group of its own, and training's end waits for all of them), a
 (``FsspecWriter``/``FsspecReader`` on a ``file://`` URL, or, with ``object_store: s3``, on the
 case's ``s3://`` URL through s3fs, whose rename is a server-side copy then a delete), or, with
 ``object_store: s3`` only, ``s3torchconnector`` (its ``S3StorageWriter``/``S3StorageReader``).
-``replicate: R`` trains with hybrid sharding (HSDP): a 2-D mesh of R replica groups, each sharding
+``async_group: own | default``: the group an async save's background thread runs its collectives
+on, a gloo group of its own (default, as torchtitan makes one) or the default group that training
+and the harness also use (``async_save`` without ``process_group``, as its documentation's
+example calls it). ``replicate: R`` trains with hybrid sharding (HSDP): a 2-D mesh of R replica groups, each sharding
 over ``world_size / R`` ranks (every world size of the case must be a multiple of R).
 """
 from __future__ import annotations
@@ -53,6 +56,7 @@ from .dcp_objects import (
 from .fsdp_workload import FsdpTrainedWorkload
 
 MODES = ("sync", "async")
+ASYNC_GROUPS = ("own", "default")  # the async writer's collectives: a gloo group of its own, or training's
 STORAGES = ("filesystem", "fsspec", "s3torchconnector")
 
 
@@ -88,9 +92,10 @@ class DcpCheckpoint(CheckpointStrategy):
     """
 
     warm_restores = True  # keeps nothing between loads: restored in warm ranks
-    options = ("mode", "storage", "overlap", "part_size", "replicate")
+    options = ("mode", "storage", "overlap", "part_size", "replicate", "async_group")
     option_values: ClassVar[Mapping[str, tuple[Any, ...] | type]] = {"mode": MODES, "storage": STORAGES,
-                                                                     "overlap": (False, True), "replicate": int}
+                                                                     "overlap": (False, True), "replicate": int,
+                                                                     "async_group": ASYNC_GROUPS}
     capabilities = frozenset({Capability.IN_FLIGHT_STEPS})
 
     @classmethod
@@ -125,7 +130,7 @@ class DcpCheckpoint(CheckpointStrategy):
         if not isinstance(workload, TrainableWorkload):
             raise TypeError(f"FSDP2 trains a TrainableWorkload; {type(workload).__name__} is not one")
         self.workload = FsdpTrainedWorkload(workload, int(self.context.options.get("replicate", 1)))
-        if self.mode == "async":
+        if self.mode == "async" and self.context.options.get("async_group", "own") == "own":
             # a background thread's collectives must not interleave with training's on one group
             self.async_group = dist.new_group(backend="gloo", timeout=job_timeout())
         return self.workload
