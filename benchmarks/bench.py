@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # the checkout's package, not an installed one: imported once the path is set (E402)
+from resilience.core.interrupts import end_like_ctrl_c_on_sigterm  # noqa: E402
 from resilience.launch.backend import BACKENDS  # noqa: E402
 from resilience.run.harness import Harness  # noqa: E402
 from resilience.run.reference_cache import ReferenceCache  # noqa: E402
@@ -223,6 +224,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", choices=["d", "e", "f"], help="run one measurement only (f: also g)")
     args = parser.parse_args()
+    end_like_ctrl_c_on_sigterm()  # stopped by `timeout`: the cache and pymp-* directories still go
     repeats = 2 if args.quick else 4
     with tempfile.TemporaryDirectory(prefix="resilience-bench-cache-") as cache_dir:
         cache = ReferenceCache(Path(cache_dir))

@@ -1,5 +1,6 @@
-"""Hygiene under abuse: a `pytest` run of scenarios interrupted by Ctrl-C, or a pytest-xdist worker
-SIGKILLed mid case, leaves no rank process, mount, network namespace or temporary directory behind.
+"""Hygiene under abuse: a `pytest` run of scenarios interrupted by Ctrl-C or by SIGTERM (and a
+`resilience run` by SIGTERM), or a pytest-xdist worker SIGKILLed mid case, leaves no rank process,
+mount, network namespace or temporary directory behind.
 
 Each test runs pytest on a small scenario in a session of its own, with TMPDIR and RESILIENCE_CACHE
 in a fresh directory and a marker variable in its environment (every process of the run inherits
@@ -93,9 +94,10 @@ def _ranks_training(first_runs: list[Path], world_size: int = 2) -> bool:
 
 
 class Run:
-    """One marked pytest run of one scenario, in its own session (its process group id is its pid)."""
+    """One marked run of one scenario, by pytest or by ``python -m resilience run`` (``command``),
+    in its own session (its process group id is its pid)."""
 
-    def __init__(self, root: Path, scenario: str, extra: list[str]):
+    def __init__(self, root: Path, scenario: str, extra: list[str], command: str = "pytest"):
         self.root, self.tmp, self.token = root, root / "tmp", secrets.token_hex(8)
         self.created_namespaces: list[str] = []  # seen mid case
         self.tmp.mkdir()
@@ -106,9 +108,11 @@ class Run:
         env.pop("CI", None)  # the inner run's verdicts do not matter here
         env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # set by conftest for this process: the inner run places its own
         self.log = open(root / "pytest.log", "wb")  # closed in stop
-        self.pytest = subprocess.Popen(
-            [sys.executable, "-c", AS_FROM_A_TERMINAL, "-m", "pytest", str(scenario_file), "-p", "no:cacheprovider",
-             "-q", f"--basetemp={root / 'basetemp'}", *extra],
+        pytest_arguments = ["-p", "no:cacheprovider", "-q", f"--basetemp={root / 'basetemp'}"]
+        arguments = (["-m", "pytest", str(scenario_file), *pytest_arguments] if command == "pytest"
+                     else ["-m", "resilience", "run", str(scenario_file)])
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", AS_FROM_A_TERMINAL, *arguments, *extra],
             cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True)
 
@@ -149,7 +153,7 @@ class Run:
         tmpfs is mounted)."""
         deadline = time.monotonic() + MID_CASE_DEADLINE_S
         while time.monotonic() < deadline:
-            assert self.pytest.poll() is None, f"pytest ended before the case was mid-way:\n{self.output()}"
+            assert self.process.poll() is None, f"pytest ended before the case was mid-way:\n{self.output()}"
             first_runs = list(self.tmp.glob("resilience-*/first_run"))
             if kind == "tmpfs" and self.mounts() and _ranks_training(first_runs):
                 return
@@ -161,8 +165,8 @@ class Run:
 
     def busy_worker(self) -> int:
         """The xdist worker running the case: the child of pytest that started processes of its own."""
-        workers = [pid for pid in child_pids(self.pytest.pid) if child_pids(pid)]
-        assert len(workers) == 1, f"expected one busy xdist worker among {child_pids(self.pytest.pid)}"
+        workers = [pid for pid in child_pids(self.process.pid) if child_pids(pid)]
+        assert len(workers) == 1, f"expected one busy xdist worker among {child_pids(self.process.pid)}"
         return workers[0]
 
     def rank_pids(self) -> list[int]:
@@ -178,7 +182,7 @@ class Run:
                                       f"{RANKS_GONE_DEADLINE_S} s after the interrupt")
             time.sleep(0.05)
         try:
-            self.pytest.wait(timeout=EXIT_DEADLINE_S)
+            self.process.wait(timeout=EXIT_DEADLINE_S)
         except subprocess.TimeoutExpired:
             self.fail_with_stacks(f"pytest still running {EXIT_DEADLINE_S} s after the interrupt")
 
@@ -187,9 +191,9 @@ class Run:
         stack in pytest (its faulthandler prints them on SIGABRT)."""
         left = sorted(self.marked_processes().items())
         states = {pid: _state(pid) for pid, _ in left}
-        os.kill(self.pytest.pid, signal.SIGABRT)
+        os.kill(self.process.pid, signal.SIGABRT)
         try:
-            self.pytest.wait(timeout=10)
+            self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
         raise AssertionError(f"{what}; its processes (pid: state, command): "
@@ -212,12 +216,12 @@ class Run:
     def stop(self) -> None:
         """Whatever happened: end this run's own process groups (pytest's, and each leftover rank's,
         which leads its own) and free what it left, so a failing test leaks nothing either."""
-        for pgid in {self.pytest.pid} | {pid for pid in self.marked_processes() if _pgid(pid) == pid}:
+        for pgid in {self.process.pid} | {pid for pid in self.marked_processes() if _pgid(pid) == pid}:
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        self.pytest.wait()
+        self.process.wait()
         self.log.close()
         for mount in sorted(self.mounts(), key=len, reverse=True):
             subprocess.run(["umount", "-l", mount], check=False, capture_output=True, timeout=30)
@@ -253,8 +257,8 @@ def _netns() -> list[str]:
 def scenario_run(tmp_path):
     runs = []
 
-    def start(kind: str, extra: list[str]) -> Run:
-        run = Run(tmp_path, CASES[kind], extra)
+    def start(kind: str, extra: list[str], command: str = "pytest") -> Run:
+        run = Run(tmp_path, CASES[kind], extra, command)
         runs.append(run)
         return run
 
@@ -280,7 +284,27 @@ def test_ctrl_c_mid_case_leaves_nothing_behind(scenario_run, kind):
     _needs(kind)
     run = scenario_run(kind, [])
     # a terminal's Ctrl-C: SIGINT to the foreground process group (pytest and what shares its group)
-    _interrupt_mid_case(run, kind, lambda: os.killpg(run.pytest.pid, signal.SIGINT))
+    _interrupt_mid_case(run, kind, lambda: os.killpg(run.process.pid, signal.SIGINT))
+    assert run.leftovers() == {"processes": [], "files": [], "mounts": [], "namespaces": []}, run.output()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_sigterm_mid_case_leaves_nothing_behind(scenario_run, kind):
+    """What a CI time limit or `timeout` sends, to pytest alone: torn down as Ctrl-C tears it down."""
+    _needs(kind)
+    run = scenario_run(kind, [])
+    _interrupt_mid_case(run, kind, lambda: os.kill(run.process.pid, signal.SIGTERM))
+    assert run.leftovers() == {"processes": [], "files": [], "mounts": [], "namespaces": []}, run.output()
+
+
+@pytest.mark.slow
+def test_sigterm_ends_a_resilience_run_with_one_line_and_leaves_nothing_behind(scenario_run):
+    run = scenario_run("stall", [], command="run")
+    _interrupt_mid_case(run, "stall", lambda: os.kill(run.process.pid, signal.SIGTERM))
+    assert run.process.returncode == 128 + signal.SIGTERM, run.output()
+    assert run.output().strip().splitlines()[-1].startswith("resilience: terminated (SIGTERM)"), run.output()
+    assert "Traceback" not in run.output(), run.output()
     assert run.leftovers() == {"processes": [], "files": [], "mounts": [], "namespaces": []}, run.output()
 
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from ..core import registry
+from ..core.interrupts import SIGTERM_EXIT_STATUS, Terminated, end_like_ctrl_c_on_sigterm
 from ..launch.backend import BACKENDS, DEFAULT_BACKEND
 from ..run.blackbox import run_script_case
 from ..run.explore import PROFILES
@@ -41,10 +42,15 @@ def _add_harness_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; Ctrl-C ends it with one line, once every process and directory the run
-    started is gone (the supervisors and the janitor clean up as the interrupt unwinds)."""
+    """The command line; Ctrl-C or SIGTERM ends it with one line, once every process and directory
+    the run started is gone (the supervisors and the janitor clean up as the interrupt unwinds)."""
+    end_like_ctrl_c_on_sigterm()
     try:
         return _main(argv)
+    except Terminated:
+        print("resilience: terminated (SIGTERM); the processes, mounts and directories it started are removed",
+              file=sys.stderr, flush=True)
+        return SIGTERM_EXIT_STATUS
     except KeyboardInterrupt:
         print("resilience: interrupted; the processes, mounts and directories it started are removed",
               file=sys.stderr, flush=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from ..core.case import Case, ScriptCase
+from ..core.interrupts import end_like_ctrl_c_on_sigterm
 from ..core.records import CaseResult
 from ..errors import CaseFailed, HarnessError, ScenarioError, Unavailable
 from ..faults.base import FaultUnavailable
@@ -34,6 +35,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    end_like_ctrl_c_on_sigterm()  # a CI time limit's SIGTERM tears a case down as Ctrl-C does
     config.addinivalue_line("markers", "smoke: the scenario's CI tier (tier: smoke)")
     config.addinivalue_line("markers", "deep: a costly case (tier: deep), run only when -m names it: -m deep")
     config.addinivalue_line("markers", "scenario: a case from a resilience scenario file")
