@@ -167,7 +167,7 @@ class AccelerateCheckpoint(CheckpointStrategy):
             batches = accelerator.skip_first_batches(loader, position.batch) if skip else loader
             for batch_samples, batch_inputs, batch_targets in batches:
                 step = position.step + 1
-                if samples:  # a micro-batch of the step before this one
+                if samples:  # a later micro-batch of the step the first one began
                     observer.between_micro_steps(step)
                 else:
                     observer.before_step(step)
