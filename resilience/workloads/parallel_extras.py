@@ -63,13 +63,3 @@ class DropoutMasks:
         tensor-parallel rank's columns only."""
         mask = self.masks[layer][:, self.tp_slice] if sliced else self.masks[layer]
         return hidden * mask.to(hidden.device) / (1 - self.p)
-
-
-def full_average(pieces: list[Any], split_dims: Mapping[str, int | None]) -> dict[str, torch.Tensor]:
-    """The whole EMA from every rank's ``(tp, pp, dp, shard)`` (data-parallel rank 0's), its
-    tensor-parallel shards joined along their parameter's dimension."""
-    full = {}
-    for name, dim in split_dims.items():
-        shards = sorted((tp, own[name]) for tp, _pp, dp, own in pieces if dp == 0 and name in own)
-        full[name] = shards[0][1] if dim is None else torch.cat([s for _, s in shards], dim=dim)
-    return full
