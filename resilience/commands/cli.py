@@ -1,7 +1,8 @@
 """`python -m resilience run PATH... [--case ID]`: run scenario files outside pytest and print verdicts.
 `qualify` writes a qualification report, `verify` checks an existing checkpoint, `list` shows the
 plug-ins, `torchrun` and `blackbox` run under torchrun, `explore` runs crash-state exploration,
-`fuzz` searches save/restart topologies, `repeat` reruns cases to find flaky verdicts, `planted`
+`fuzz` searches save/restart topologies, `repeat` reruns cases to find flaky verdicts, `bisect`
+finds the release of a library where a case's verdict changes, `planted`
 measures caught / planted over deliberately broken strategies, `audit` searches drawn scenarios for
 one a strategy fails."""
 from __future__ import annotations
@@ -91,6 +92,11 @@ def _main(argv: list[str] | None) -> int:
                                                 "shrink the first the strategy fails", description=audit.__doc__)
     _add_harness_arguments(audit_parser)
     audit.add_arguments(audit_parser)
+    from . import bisect
+    bisect_parser = sub.add_parser("bisect", help="run one case across releases of a library and print where "
+                                                  "its verdict changes", description=bisect.__doc__)
+    _add_run_arguments(bisect_parser)
+    bisect.add_arguments(bisect_parser)
     from . import repeat
     repeat_parser = sub.add_parser("repeat", help="run every case K times over and report any whose verdict "
                                                   "changed", description=repeat.__doc__)
@@ -121,6 +127,9 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "audit":
         return audit.main(args, harness)
     only = selection(args.case, args.deep)
+    if args.command == "bisect":
+        cases, broken = load_or_report(args.paths, only)
+        return 1 if broken else bisect.main(args, harness, cases)
     if args.command == "repeat":
         cases, broken = load_or_report(args.paths, only)
         return 1 if broken else repeat.main(args, harness, repeat.select(cases, args.case, args.tier))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
@@ -72,6 +73,28 @@ class FaultSpec:
 
 
 @dataclass(frozen=True)
+class Software:
+    """What ranks run under: this environment as it is (neither field), another Python interpreter,
+    or this one with some packages' releases layered first on the import path."""
+    python: str | None = None
+    packages: tuple[str, ...] = ()  # pip requirements, installed without their dependencies
+
+    def __bool__(self) -> bool:
+        return bool(self.python or self.packages)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"python": self.python, "packages": list(self.packages)}
+
+    @property
+    def package_names(self) -> tuple[str, ...]:
+        """The distribution names of ``packages`` (``deepspeed`` of ``deepspeed==0.17.6``)."""
+        return tuple(re.split(r"[\[=<>!~\s]", requirement, maxsplit=1)[0] for requirement in self.packages)
+
+
+THIS_ENVIRONMENT = Software()
+
+
+@dataclass(frozen=True)
 class RestartSpec:
     world_size: int
     rank_map: tuple[int, ...]  # rank_map[new_rank] = the rank whose place the new rank takes
@@ -82,6 +105,11 @@ class RestartSpec:
     @property
     def placement(self) -> Topology:
         return self.topology or Topology.single_node(self.world_size)
+
+    @property
+    def software(self) -> Software:
+        """The restart's own software (empty: the case's)."""
+        return Software(python=self.python, packages=self.packages)
 
 
 @dataclass(frozen=True)
@@ -144,6 +172,8 @@ class Case:
     timeline: tuple[Incarnation, ...] = ()
     # fresh ranks restore the first run's earlier saves right after it (`oracle.saved_check`)
     verify_saves: bool = False
+    # every phase's software (the reference's too) unless the restart names its own
+    software: Software = THIS_ENVIRONMENT
 
     @property
     def incarnations(self) -> tuple[Incarnation, ...]:
@@ -172,10 +202,15 @@ class Case:
         return self.restart.placement.parallel != self.placement.parallel
 
     @property
+    def restart_software(self) -> Software:
+        """The software the restart and every later launch run under: the restart's own, else the case's."""
+        return self.restart.software or self.software
+
+    @property
     def software_changes(self) -> bool:
-        """Whether the restart runs other software (another interpreter, packages layered first),
-        which may compute other bits from the same state."""
-        return bool(self.restart.python or self.restart.packages)
+        """Whether the restart runs other software than the first run (another interpreter, other
+        packages layered first), which may compute other bits from the same state."""
+        return self.restart_software != self.software
 
     @property
     def continuation_is_oracle(self) -> bool:

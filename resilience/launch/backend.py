@@ -13,11 +13,11 @@ from multiprocessing import popen_forkserver, spawn
 from pathlib import Path
 
 from ..core import janitor
-from ..core.case import Case
+from ..core.case import Case, Software
 from ..core.paths import PROJECT_ROOT, rank_temp_dir
 from ..core.plan import PhasePlan
 from ..core.processes import process_state
-from .interpreters import Interpreter, for_restart
+from .interpreters import Interpreter, for_software
 
 
 class RankProcess(ABC):
@@ -275,12 +275,22 @@ def rank_environment(interpreter: Interpreter | None = None) -> dict[str, str]:
     return env
 
 
-def backend_for_restart(case: Case) -> ProcessBackend | None:
-    """Another interpreter or layered packages for the restart (an upgrade to qualify): its
-    ranks are spawned, since the forkserver holds this environment's modules. None: the
-    harness's own backend."""
-    interpreter = for_restart(case.restart.python, case.restart.packages, case.source)
+def backend_for_software(software: Software, scenario_source: str, key: str) -> ProcessBackend | None:
+    """Ranks under another interpreter or with layered packages are spawned, since the forkserver
+    holds this environment's modules. None: this environment, the harness's own backend."""
+    interpreter = for_software(software, scenario_source, key)
     return SpawnBackend(interpreter) if interpreter else None
+
+
+def backend_for_case(case: Case) -> ProcessBackend | None:
+    """The backend of the case's reference, first run and checks (`Case.software`)."""
+    return backend_for_software(case.software, case.source, "software")
+
+
+def backend_for_restart(case: Case) -> ProcessBackend | None:
+    """The backend of the restart and every later launch (`Case.restart_software`): an upgrade to
+    qualify, or the case's own software."""
+    return backend_for_software(case.restart_software, case.source, "restart" if case.restart.software else "software")
 
 
 BACKENDS = {"fork": ForkServerBackend, "spawn": SpawnBackend}

@@ -99,6 +99,10 @@ def incompatibility(case: Case, options: TorchrunOptions = TorchrunOptions()) ->
     if case.restart.rank_map != tuple(range(case.restart.world_size)):
         return (f"{where}: restart.rank_map is {list(case.restart.rank_map)}; torchrun assigns ranks itself "
                 f"(allowed: identity)")
+    if case.software:
+        return (f"{where}: software {case.software.as_dict()} runs every phase under other software; this "
+                f"driver starts torchrun with its own interpreter (allowed: no software, or run this case "
+                f"with the local harness)")
     if case.restart.python or case.restart.packages:
         return (f"{where}: the restart runs under another interpreter or packages; torchrun restarts "
                 f"with the one it was started with (allowed: neither restart.python nor restart.packages)")

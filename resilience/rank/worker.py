@@ -86,7 +86,8 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
         store = store if store is not None else dist.FileStore(plan.store_path, plan.world_size)
         dist.init_process_group(for_rank(rank).backend, store=store, rank=rank, world_size=plan.world_size,
                                 timeout=timedelta(seconds=plan.collective_timeout_s))
-    events.emit("joined", world_size=plan.world_size, versions=_versions(), node=topology.node_of(rank),
+    layered = case.software.package_names + case.restart_software.package_names
+    events.emit("joined", world_size=plan.world_size, versions=_versions(layered), node=topology.node_of(rank),
                 local_rank=topology.local_rank(rank), backend=dist.get_backend(), device=rank_device())
     context = StrategyContext(checkpoint_dir=checkpoint_dir, rank=rank, world_size=plan.world_size,
                               previous_rank=plan.rank_map[rank] if plan.start in RESTORING_STARTS else None,
@@ -156,8 +157,9 @@ def use_private_temp_dir() -> None:
     process.current_process()._config.pop("tempdir", None)  # a forked rank may inherit its server's
 
 
-def _versions() -> dict[str, str | None]:
-    """What this rank runs with: a restart may run under another interpreter or other packages."""
+def _versions(layered: tuple[str, ...] = ()) -> dict[str, str | None]:
+    """What this rank runs with: a case or its restart may run under another interpreter or other
+    packages (``layered``: the names of those, which a stack may not name)."""
     from importlib import metadata
 
     import torch
@@ -165,7 +167,7 @@ def _versions() -> dict[str, str | None]:
     from ..strategies.stack import distributions
 
     versions = {"executable": sys.executable, "python": sys.version.split()[0], "torch": torch.__version__}
-    for package in distributions():
+    for package in dict.fromkeys(distributions() + layered):
         if package == "torch":
             continue  # the imported one: a layered release may shadow the installed metadata
         try:

@@ -1,6 +1,7 @@
 """Where the explorer's crash states are restored: materialised as a real directory, then restored
 by warm ranks (`resilience.run.warm_pool`) where the strategy says it keeps nothing between loads
-and runs under this interpreter, else by fresh ranks through the harness (also for the canaries)."""
+and the restart runs the first run's software (``backend`` is then that software's), else by fresh
+ranks through the harness (also for the canaries)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -25,7 +26,7 @@ class CrashRestores:
         self.case, self.plan, self.work_dir, self.run_phase, self.keep = case, plan, work_dir, run_phase, keep
         self.count = 0
         self.regrouped = 0  # warm restores whose group never formed, redone in fresh ranks
-        warm = (backend is not None and backend_for_restart(case) is None
+        warm = (backend is not None and not case.software_changes
                 and registry.resolve("strategy", case.strategy.name).restores_warm(case.strategy.options))
         self.pool = WarmPool(backend, work_dir / "warm", case.restart.world_size) if warm else None
 

@@ -25,7 +25,7 @@ from ..core.records import CaseResult, PhaseResult
 from ..core.topology import Topology
 from ..errors import HarnessError, StrategyUnavailable
 from ..faults.base import CaseEnvironment
-from ..launch.backend import BACKENDS, DEFAULT_BACKEND, ProcessBackend, backend_for_restart
+from ..launch.backend import BACKENDS, DEFAULT_BACKEND, ProcessBackend, backend_for_case, backend_for_restart
 from ..oracle import saved_check
 from ..oracle.evidence import collect_phase, follow_phase_events, stderr_tails
 from ..oracle.judge import ended_as_reference, judge
@@ -73,7 +73,7 @@ class Harness:
             from .explore import Explorer
 
             return Explorer(self.run_phase, self.keep, self.explore_profile, self.explore_restores,
-                            backend=self.backend if self.explore_warm else None).run(
+                            backend=(backend_for_case(case) or self.backend) if self.explore_warm else None).run(
                 case, work_dir, checkpoint_dir, plan, reference)
         fault = registry.resolve("fault", case.fault.kind)(case.fault)
         store = None
@@ -192,14 +192,15 @@ class Harness:
 
     def run_phase(self, plan: PhasePlan, case: Case, supervisor=None,
                   backend: ProcessBackend | None = None) -> PhaseResult:
-        """Start the phase's ranks (with ``backend``, or this harness's), supervise them to the end
-        (``supervisor``: a fault that acts from outside the ranks while they run) and collect them."""
+        """Start the phase's ranks (with ``backend``, else the case's software's, else this harness's),
+        supervise them to the end (``supervisor``: a fault that acts from outside the ranks while they
+        run) and collect them."""
         phase_dir = Path(plan.phase_dir)
         phase_dir.mkdir(parents=True)
         plan_path = phase_dir / "plan.json"
         plan.write(plan_path)
         expired = deadline_after(case.timeouts.phase_s)
-        group = LocalRanks((backend or self.backend).start(plan, plan_path))
+        group = LocalRanks((backend or backend_for_case(case) or self.backend).start(plan, plan_path))
         events = follow_phase_events(plan)
         watch = (lambda: supervisor.supervise(events(), group.ranks)) if supervisor is not None else None
         return collect(plan, supervise(group, expired, watch))

@@ -46,8 +46,8 @@ def rank_sources() -> list[Path]:
 
 def reference_key(case: Case, with_snapshots: bool) -> str:
     """The cache key of the case's reference run: it changes with anything that could change the
-    numbers: the workload spec, the topology's parallel layout, torch, the machine's placement,
-    and the source of every module a rank runs (this package's and the plug-ins' own, which may
+    numbers: the workload spec, the topology's parallel layout, torch, the case's software, the
+    machine's placement, and the source of every module a rank runs (this package's and the plug-ins' own, which may
     live outside it)."""
     import torch
 
@@ -68,6 +68,8 @@ def reference_key(case: Case, with_snapshots: bool) -> str:
         "workload": asdict(case.workload), "snapshots": with_snapshots, "trainer": trainer,
         "collective_timeout_s": case.timeouts.collective_s,
         "parallel": case.placement.parallel,  # placement and storage do not change the numbers
+        # the releases layered in (an interpreter by its path: its environment is not read)
+        "software": case.software.as_dict(),
         "placement": machine_placement(),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]

@@ -1,14 +1,15 @@
 """Where a case's ranks run: the TP x PP x DP topology and node placement of the first run, and the
-restart (its world size, rank map, interpreter and topology), checked against the workload."""
+restart (its world size, rank map, interpreter and topology), checked against the workload; and
+the software every phase runs under."""
 from __future__ import annotations
 
 from typing import Any
 
 from ..core import registry
-from ..core.case import RestartSpec, WorkloadSpec
+from ..core.case import THIS_ENVIRONMENT, RestartSpec, Software, WorkloadSpec
 from ..core.topology import SHARED, STORAGE_KINDS, Topology
 from .checks import Validator
-from .schema import MAX_WORLD_SIZE, REQUIREMENT, RESTART_KEYS, TOPOLOGY_KEYS
+from .schema import MAX_WORLD_SIZE, REQUIREMENT, RESTART_KEYS, SOFTWARE_KEYS, TOPOLOGY_KEYS
 
 
 def check_topology(v: Validator, key: str, value: Any, world_size: int, workload: WorkloadSpec,
@@ -62,15 +63,7 @@ def check_restart(v: Validator, value: Any, workload: WorkloadSpec, topology: To
     if problem:
         raise v.error("restart.world_size", f"{problem[1]} at the restart", world_size, "a world size that splits it")
     mapping = _rank_map(v, doc.get("rank_map", "identity"), world_size, workload)
-    python, packages = doc.get("python"), doc.get("packages", [])
-    if python is not None and (not isinstance(python, str) or not python.strip() or "\0" in python):
-        raise v.error("restart.python", "must be the path of a Python interpreter", python,
-                      "a path such as /opt/venv-old/bin/python")
-    if not isinstance(packages, list) or not all(isinstance(r, str) and REQUIREMENT.match(r) for r in packages):
-        raise v.error("restart.packages", "must be a list of pip requirements", packages, "e.g. [deepspeed==0.17.6]")
-    if python is not None and packages:
-        raise v.error("restart.packages", "give python or packages, not both", packages,
-                      "packages layered over this environment, or another interpreter")
+    software = check_software(v, "restart", doc)
     first = topology or Topology.single_node(workload.world_size)
     restart_topology = check_topology(v, "restart.topology", doc.get("topology"), world_size, workload,
                                       storage=first.storage)
@@ -81,8 +74,33 @@ def check_restart(v: Validator, value: Any, workload: WorkloadSpec, topology: To
         else:
             raise v.error("restart.topology", f"missing: the first run's topology ({first.describe()}) "
                                               f"cannot hold {world_size} ranks", None, TOPOLOGY_KEYS[:-1])
-    return RestartSpec(world_size=world_size, rank_map=mapping, python=python, packages=tuple(packages),
+    return RestartSpec(world_size=world_size, rank_map=mapping, python=software.python, packages=software.packages,
                        topology=restart_topology)
+
+
+def check_software(v: Validator, where: str, doc: dict) -> Software:
+    """The ``python`` or ``packages`` of ``doc`` (the case's ``software``, or the restart's own keys)."""
+    python, packages = doc.get("python"), doc.get("packages", [])
+    if python is not None and (not isinstance(python, str) or not python.strip() or "\0" in python):
+        raise v.error(f"{where}.python", "must be the path of a Python interpreter", python,
+                      "a path such as /opt/venv-old/bin/python")
+    if not isinstance(packages, list) or not all(isinstance(r, str) and REQUIREMENT.match(r) for r in packages):
+        raise v.error(f"{where}.packages", "must be a list of pip requirements", packages, "e.g. [deepspeed==0.17.6]")
+    if python is not None and packages:
+        raise v.error(f"{where}.packages", "give python or packages, not both", packages,
+                      "packages layered over this environment, or another interpreter")
+    return Software(python=python, packages=tuple(packages))
+
+
+def check_case_software(v: Validator, value: Any) -> Software:
+    """A case's ``software``: what every phase runs under, the reference's included."""
+    if value is None:
+        return THIS_ENVIRONMENT
+    doc = v.mapping("software", value, SOFTWARE_KEYS)
+    software = check_software(v, "software", doc)
+    if not software:
+        raise v.error("software", "names no software", value, list(SOFTWARE_KEYS))
+    return software
 
 
 def _rank_map(v: Validator, rank_map: Any, world_size: int, workload: WorkloadSpec) -> tuple[int, ...]:

@@ -6,12 +6,13 @@ import re
 
 TOP_KEYS = ("name", "description", "strategy", "workload", "fault", "restart", "expect",
             "known_issue", "timeouts", "tier", "matrix", "topology", "object_store", "timeline", "soak",
-            "verify_saves")
+            "verify_saves", "software")
 OBJECT_STORES = ("s3",)  # `object_store`: where checkpoints go instead of a directory
 WORKLOAD_KEYS = ("model", "world_size", "steps", "checkpoint_every", "seed", "global_batch", "size",
                  "rank_rng", "options")
 TRIGGER_KEYS = ("rank", "step", "phase", "point", "file", "after_bytes")
-RESTART_KEYS = ("world_size", "rank_map", "python", "packages", "topology")
+SOFTWARE_KEYS = ("python", "packages")  # `software` (every phase) and the restart's own
+RESTART_KEYS = ("world_size", "rank_map", *SOFTWARE_KEYS, "topology")
 TOPOLOGY_KEYS = ("tp", "pp", "nodes", "node_ids", "storage")
 EXPECT_KEYS = ("outcome", "error", "fallback_ok", "fallback")
 FALLBACK_CHOICES = ("optional", "required")

@@ -30,7 +30,7 @@ from .capability_check import (
     workload_option_problem,
 )
 from .checks import Problems, Validator, parse_size
-from .placement import check_topology
+from .placement import check_case_software, check_topology
 from .schema import (
     DEFAULT_TIMEOUTS,
     EXPECT_KEYS,
@@ -91,13 +91,15 @@ def check_case(document: Any, source: str, case_id: str = "", where: str = "",
         if problem:
             v.note(v.error(*problem))
     verify_saves = v.section("verify_saves", verify_saves_setting, v, doc.get("verify_saves"), strategy, fault)
+    software = v.section("software", check_case_software, v, doc.get("software"))
     expect, known_issue, timeouts = check_expectations(v, doc)
     if v.found_any:
         return None
     return Case(id=case_id or "case", source=source, name=name, description=description, tier=tier,
                 strategy=strategy, workload=workload, fault=fault, restart=restart, expect=expect,
                 known_issue=known_issue, timeouts=timeouts, document=doc, topology=topology,
-                object_store=object_store, timeline=timeline, verify_saves=bool(verify_saves))
+                object_store=object_store, timeline=timeline, verify_saves=bool(verify_saves),
+                software=software)
 
 
 def check_expectations(v: Validator, doc: dict) -> tuple[Expect | None, KnownIssue | None, Timeouts | None]:
