@@ -4,12 +4,14 @@ checker must catch each) and correct ones. Most live in the planted-bug catalogu
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import time
 
 import torch
 import torch.distributed as dist
 
+from resilience.planted.async_bugs import SwallowsWriterError
 from resilience.planted.durable import (  # noqa: F401 -- the two correct twins re-exported for the tests' targets
     AtomicFallbackSave,
     DurableShardsThenPointer,
@@ -122,3 +124,18 @@ class CachesFirstLoad(RankZeroSave):
             state = torch.load(path, weights_only=True)
             _FIRST_LOADED = {key: value for key, value in state.items() if key not in (STAMP_KEY, CHECK_LOSS_KEY)}
         workload.load_state_dict(copy.deepcopy(_FIRST_LOADED))
+
+
+class LogsWriterError(SwallowsWriterError):
+    """`SwallowsWriterError` whose failed background write is logged at error level (the job still
+    goes on and exits 0): its log says the save failed."""
+
+    def commit(self) -> None:
+        if self.pending is None:
+            return
+        pending, step = self.pending, self.pending_step
+        self.pending = self.pending_step = None
+        failure = pending.exception(timeout=60)
+        if failure is not None:
+            logging.basicConfig()
+            logging.getLogger("checkpoint").error("background checkpoint of step %d failed: %r", step, failure)

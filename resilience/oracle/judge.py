@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.case import Case
-from ..core.records import Divergence, PhaseResult, Verdict
+from ..core.records import Divergence, PhaseResult, RankError, Verdict
 from . import data_audit, rules
 from .saved_check import findings as saved_check_findings
 
@@ -42,6 +42,8 @@ def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: P
         divergence = divergence or hop.divergence
     if saved_check is not None:
         silent += saved_check_findings(*saved_check, reference, expected_state)
+    # a lost last save the job's log reported is LOUD: the log is the evidence
+    first_error = first_error or next((hop.logged for hop in hops if hop.logged is not None), None)
     restored_steps = [hop.restored_step for hop in hops]
     if None not in restored_steps:  # which samples the job trained, against the reference's epochs
         silent += data_audit.audit(reference, runs, restored_steps)
@@ -67,6 +69,7 @@ class RestoreHop:
     divergence: Divergence | None
     restored_step: int | None
     complete: int
+    logged: RankError | None = None  # the error the launch that ended logged about its last save
 
 
 def _restore_hop(case: Case, reference: PhaseResult, continuation: PhaseResult | None,
@@ -77,16 +80,17 @@ def _restore_hop(case: Case, reference: PhaseResult, continuation: PhaseResult |
     notes: list[str] = []
     state_diff: list[str] = []
     divergence = None
-    complete, ended = 0, False
+    complete, ended, saver = 0, False, None
     for earlier in before:
         newest = max(earlier.complete_saves(), default=0)
         if newest and newest >= complete:
-            complete, ended = newest, earlier.status == "completed"
+            complete, ended, saver = newest, earlier.status == "completed", earlier
     restored = run.restored()
     restored_step = restored[0]["step"] if 0 in restored else None
+    logged = rules.logged_error(saver) if ended and restored_step is not None and restored_step < complete else None
     if run.status == "completed" or len(restored) == run.world_size:
         found, notes = rules.restore_findings({rank: e["step"] for rank, e in restored.items()}, complete,
-                                              case.expect.fallback_ok, "its state is verified below", ended)
+                                              case.expect.fallback_ok, "its state is verified below", ended, logged)
         silent += found
         oracle = continuation if case.continuation_is_oracle else reference
         if case.software_changes and ended_as_reference(case, reference, run):
@@ -110,7 +114,8 @@ def _restore_hop(case: Case, reference: PhaseResult, continuation: PhaseResult |
             silent += found
     silent += rules.foreign_reads(run)
     return RestoreHop(phase=run.name, silent=tuple(silent), notes=tuple(notes), state_diff=tuple(state_diff),
-                      divergence=divergence, restored_step=restored_step, complete=complete)
+                      divergence=divergence, restored_step=restored_step, complete=complete,
+                      logged=logged)
 
 
 def ended_as_reference(case: Case, reference: PhaseResult, restart: PhaseResult) -> bool:

@@ -4,6 +4,7 @@ its logged losses). Worst finding wins: SILENT > HANG > LOUD > RECOVERED.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from ..core.case import VerdictKind
@@ -37,14 +38,19 @@ def newest_complete_save(saved: Mapping[int, set[int]], world_size: int) -> int:
 
 
 def restore_findings(restored: Mapping[int, int], complete: int, fallback_ok: bool, newer_accepted_because: str,
-                     ended: bool = False) -> tuple[list[str], list[str]]:
+                     ended: bool = False, logged: RankError | None = None) -> tuple[list[str], list[str]]:
     """What the restored steps alone say: (SILENT findings, notes). ``restored``: rank -> step;
-    rank 0's step is the one judged; ``ended``: the launch that saved ``complete`` ran to its end."""
+    rank 0's step is the one judged; ``ended``: the launch that saved ``complete`` ran to its end;
+    ``logged``: an error that launch's log reported (`logged_error`): then a lost last save was
+    said, and is LOUD (the caller's evidence), not SILENT."""
     silent, notes = [], []
     if len(set(restored.values())) > 1:
         silent.append(f"ranks restored different steps: {dict(sorted(restored.items()))}")
     step = restored.get(0)
-    if step is not None and step < complete and not fallback_ok:
+    if step is not None and step < complete and ended and logged is not None:
+        notes.append(f"lost checkpoint: restored step {step}; the job ended, every rank exiting 0, with step "
+                     f"{complete} returned as saved, but rank {logged.rank}'s log said it failed: {logged.message}")
+    elif step is not None and step < complete and not fallback_ok:
         silent.append(f"lost checkpoint: restored step {step}, but the job ended, every rank exiting 0, believing "
                       f"step {complete} saved (its save had returned on every rank)" if ended else
                       f"lost checkpoint: restored step {step}, but the step-{complete} save had returned on every "
@@ -53,6 +59,29 @@ def restore_findings(restored: Mapping[int, int], complete: int, fallback_ok: bo
         notes.append(f"restored step {step}, newer than the last save confirmed on every rank ({complete}); "
                      f"accepted only because {newer_accepted_because}")
     return silent, notes
+
+
+# An error-level record in a log: logging's ERROR or CRITICAL level name (or FATAL) standing as a
+# word, or an uncaught exception's traceback (a thread's too). A warning that goes on is not one:
+# a job that logs "warning: ... failed, continuing" has said the failure does not matter.
+_ERROR_RECORD = re.compile(r"(?:^|[\s\[|:-])(?:ERROR|CRITICAL|FATAL)(?:[\s\]|:-]|$)")
+_RAISED_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Timeout)\b.*")
+
+
+def logged_error(phase: PhaseResult) -> RankError | None:
+    """The first error-level record in the stderr of ``phase``'s ranks (`_ERROR_RECORD`, or a
+    traceback's last ``Type: message`` line), as evidence of a failure the job reported only in
+    its log; None when no rank logged one."""
+    for record in phase.ranks:
+        lines = record.stderr_tail.splitlines()
+        for index, line in enumerate(lines):
+            if line.startswith("Traceback (most recent call last):") or line.startswith("Exception in thread"):
+                raised = next((later.strip() for later in lines[index + 1:] if _RAISED_LINE.match(later)),
+                              line.strip())
+                return RankError(record.rank, phase.name, "LoggedError", raised, record.stderr_tail, 0.0)
+            if _ERROR_RECORD.search(line):
+                return RankError(record.rank, phase.name, "LoggedError", line.strip(), record.stderr_tail, 0.0)
+    return None
 
 
 def differing_entries(expected: Mapping[str, str], got: Mapping[str, str]) -> list[str]:
