@@ -21,6 +21,7 @@ STRATEGIES = {
     "lightning": "resilience.strategies.lightning.strategy:LightningCheckpoint",
     "accelerate": "resilience.strategies.accelerate.strategy:AccelerateCheckpoint",
     "hf_trainer": "resilience.strategies.transformers.strategy:TrainerCheckpoint",
+    "torchtitan": "resilience.strategies.torchtitan.strategy:TorchtitanCheckpoint",
 }
 FAULTS = {
     "none": "resilience.faults.noop:NoFault",
@@ -53,7 +54,7 @@ FAULTS = {
 }
 #: the stack packages: each declares its libraries in ``STACK`` (`resilience.strategies.stack.Stack`)
 STACKS = tuple(f"resilience.strategies.{name}"
-               for name in ("torch", "deepspeed", "megatron", "lightning", "accelerate", "transformers"))
+               for name in ("torch", "deepspeed", "megatron", "lightning", "accelerate", "transformers", "torchtitan"))
 WORKLOADS = {
     "mlp": "resilience.workloads.mlp:MLPWorkload",
     "tp_mlp": "resilience.workloads.parallel_mlp:TensorParallelMLP",

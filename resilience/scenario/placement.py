@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core import registry
-from ..core.case import THIS_ENVIRONMENT, RestartSpec, Software, WorkloadSpec
+from ..core.case import RestartSpec, Software, StrategySpec, WorkloadSpec
 from ..core.topology import SHARED, STORAGE_KINDS, Topology
 from .checks import Validator
 from .schema import MAX_WORLD_SIZE, REQUIREMENT, RESTART_KEYS, SOFTWARE_KEYS, TOPOLOGY_KEYS
@@ -92,15 +92,20 @@ def check_software(v: Validator, where: str, doc: dict) -> Software:
     return Software(python=python, packages=tuple(packages))
 
 
-def check_case_software(v: Validator, value: Any) -> Software:
-    """A case's ``software``: what every phase runs under, the reference's included."""
+def check_case_software(v: Validator, value: Any, strategy: StrategySpec | None = None) -> Software:
+    """A case's ``software``: what every phase runs under, the reference's included; first the
+    packages its strategy runs with (`CheckpointStrategy.layered_packages`)."""
+    layered = registry.resolve("strategy", strategy.name).layered_packages if strategy is not None else ()
     if value is None:
-        return THIS_ENVIRONMENT
+        return Software(packages=layered)
     doc = v.mapping("software", value, SOFTWARE_KEYS)
     software = check_software(v, "software", doc)
     if not software:
         raise v.error("software", "names no software", value, list(SOFTWARE_KEYS))
-    return software
+    if layered and software.python:
+        raise v.error("software.python", f"strategy {strategy.name} runs with its own packages layered over this "
+                      f"environment ({', '.join(layered)})", software.python, "packages")
+    return Software(packages=layered + software.packages)
 
 
 def _rank_map(v: Validator, rank_map: Any, world_size: int, workload: WorkloadSpec) -> tuple[int, ...]:

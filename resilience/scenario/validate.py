@@ -91,7 +91,7 @@ def check_case(document: Any, source: str, case_id: str = "", where: str = "",
         if problem:
             v.note(v.error(*problem))
     verify_saves = v.section("verify_saves", verify_saves_setting, v, doc.get("verify_saves"), strategy, fault)
-    software = v.section("software", check_case_software, v, doc.get("software"))
+    software = v.section("software", check_case_software, v, doc.get("software"), strategy)
     expect, known_issue, timeouts = check_expectations(v, doc)
     if v.found_any:
         return None

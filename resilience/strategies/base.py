@@ -48,6 +48,10 @@ class CheckpointStrategy(ABC):
     option_values: ClassVar[Mapping[str, tuple[Any, ...] | type]] = {}
     #: top-level modules the strategy imports in the ranks, and how to install them
     requires: ClassVar[Mapping[str, str]] = {}
+    #: pip requirements layered over this environment for every phase of a case on this strategy,
+    #: for a library that cannot share the environment with the other extras (`Case.software`);
+    #: read in the harness by the scenario validator
+    layered_packages: ClassVar[tuple[str, ...]] = ()
     #: the optional capabilities the class offers (`Capability`); it overrides each one's methods
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
     #: a `resilience.fuzz.models.RestoreModel` subclass replaying this strategy's placement for the
