@@ -32,6 +32,7 @@ from resilience.planted.storage_bugs import (  # noqa: F401 -- re-exported for t
 )
 from resilience.strategies.base import CheckpointStrategy
 from resilience.strategies.torch.native import CHECK_LOSS_KEY, STAMP_KEY, PerRankSave, RankZeroSave, step_dir
+from resilience.strategies.torchtitan.strategy import TorchtitanCheckpoint
 
 
 class StallsOnLoad(PerRankSave):
@@ -139,3 +140,13 @@ class LogsWriterError(SwallowsWriterError):
         if failure is not None:
             logging.basicConfig()
             logging.getLogger("checkpoint").error("background checkpoint of step %d failed: %r", step, failure)
+
+
+class TitanExcludesDataloader(TorchtitanCheckpoint):
+    """torchtitan's manager told not to load the dataloader (its own ``exclude_from_loading``): the
+    restart reads its data from the start again while the step count goes on."""
+
+    def train(self, workload, observer) -> None:
+        build = self.workload.manager
+        self.workload.manager = lambda base, **config: build(base, exclude_from_loading=["dataloader"], **config)
+        super().train(workload, observer)

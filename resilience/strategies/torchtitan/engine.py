@@ -4,7 +4,9 @@ its stateful dataloader (``ParallelAwareDataloader``) over a synthetic token str
 state it checkpoints, and its checkpoint manager over all of them. What decides the numbers of a
 torchtitan-trained run lives here and in ``loop.py``: the reference cache is keyed on both.
 
-Imported only inside rank processes that run with torchtitan layered in (`Case.software`).
+Imported only inside rank processes that run with torchtitan layered in (`Case.software`), and
+only once ``cpu.install()`` ran (the strategy's ``prepare`` does): the shims must precede the
+first import of torchtitan's models and parallel code.
 """
 from __future__ import annotations
 
@@ -12,25 +14,22 @@ import pickle
 from functools import partial
 from typing import Any
 
+import torch
+from torch import nn
+from torch.utils.data import IterableDataset
+from torchtitan.components.checkpointer import CheckpointManager
+from torchtitan.components.dataloader import ParallelAwareDataloader
+from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig
+from torchtitan.config import CompileConfig, DebugConfig, ParallelismConfig, TrainingConfig
+from torchtitan.distributed import ParallelDims
+from torchtitan.distributed import utils as dist_utils
+from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm, compute_ffn_hidden_dim
+from torchtitan.models.common.attention import ScaledDotProductAttention
+from torchtitan.models.llama3 import Llama3Model, parallelize_llama
+from torchtitan.models.llama3 import _build_llama3_layers as build_llama3_layers  # its own layer builder
+
+from ...workloads.base import Workload
 from . import cpu
-
-cpu.install()  # before torchtitan's models and parallel code are imported
-
-import torch  # noqa: E402 -- after the shims, which must precede torchtitan's imports
-from torch import nn  # noqa: E402
-from torch.utils.data import IterableDataset  # noqa: E402
-from torchtitan.components.checkpointer import CheckpointManager  # noqa: E402
-from torchtitan.components.dataloader import ParallelAwareDataloader  # noqa: E402
-from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig  # noqa: E402
-from torchtitan.config import CompileConfig, DebugConfig, ParallelismConfig, TrainingConfig  # noqa: E402
-from torchtitan.distributed import ParallelDims  # noqa: E402
-from torchtitan.distributed import utils as dist_utils  # noqa: E402
-from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm, compute_ffn_hidden_dim  # noqa: E402
-from torchtitan.models.common.attention import ScaledDotProductAttention  # noqa: E402
-from torchtitan.models.llama3 import Llama3Model, parallelize_llama  # noqa: E402
-from torchtitan.models.llama3 import _build_llama3_layers as build_llama3_layers  # noqa: E402 -- its layer builder
-
-from ...workloads.base import Workload  # noqa: E402
 
 VOCABULARY = 128
 SEQUENCE = 16  # tokens per sequence

@@ -65,6 +65,9 @@ class TorchtitanCheckpoint(CheckpointStrategy):
         return f"torchtitan-{PACKAGES[0].split('==')[1]}-masking-{float(options.get('token_masking', 0))}"
 
     def prepare(self, workload: Workload) -> Workload:
+        from . import cpu
+
+        cpu.install()  # before the engine imports torchtitan's models and parallel code
         from .engine import TitanTrainedWorkload
 
         spec = workload.spec
