@@ -7,13 +7,23 @@ import pytest
 
 from resilience.core.case import Software, VerdictKind
 from resilience.core.plan import REFERENCE, RESTART
-from resilience.errors import ScenarioError
+from resilience.errors import ScenarioError, Unavailable
+from resilience.launch.interpreters import layered_packages
 from resilience.strategies.torchtitan import PACKAGES
 
 from .harness_helpers import case_from, run_case
 
 TITAN = {"model": "mlp", "world_size": 2, "steps": 8, "checkpoint_every": 2, "seed": 0}
 KILL = {"kind": "kill", "rank": 1, "step": 5, "phase": "train"}
+
+
+@pytest.fixture
+def torchtitan_layered():
+    """torchtitan's packages in the packages cache (installed on first use), or a skip saying why."""
+    try:
+        layered_packages(PACKAGES)
+    except Unavailable as exc:
+        pytest.skip(f"torchtitan's packages cannot be installed here: {exc}")
 
 
 def test_every_phase_of_a_torchtitan_case_runs_with_its_packages_layered():
@@ -44,7 +54,7 @@ def test_torchtitan_cannot_run_under_another_interpreter():
 
 
 @pytest.mark.slow
-def test_a_kill_between_saves_recovers_bitwise_under_torchtitan(tmp_path):
+def test_a_kill_between_saves_recovers_bitwise_under_torchtitan(tmp_path, torchtitan_layered):
     result = run_case(tmp_path, strategy="torchtitan", workload=TITAN, fault=KILL)
     assert result.verdict.kind is VerdictKind.RECOVERED, result.verdict.findings
     assert result.verdict.restored_step == 4
@@ -58,7 +68,7 @@ def test_a_kill_between_saves_recovers_bitwise_under_torchtitan(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_oracle_sees_a_dataloader_torchtitan_was_told_not_to_load(tmp_path):
+def test_the_oracle_sees_a_dataloader_torchtitan_was_told_not_to_load(tmp_path, torchtitan_layered):
     result = run_case(tmp_path, strategy="tests.strategies_under_test:TitanExcludesDataloader", workload=TITAN,
                       fault=KILL)
     assert result.verdict.kind is VerdictKind.SILENT, result.verdict.findings
