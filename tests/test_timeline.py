@@ -43,8 +43,11 @@ def test_timeline_mistakes_name_the_entry_key_value_and_what_is_allowed():
     assert "timeline.2.fault: the last launch runs the job to its end" in problem(timeline=KILLS[:2] + [KILLS[1]])
     assert "timeline.1.fault.rank: " in problem(timeline=[KILLS[0], {"fault": {"kind": "kill", "rank": 5,
                                                                                 "step": 10}}, {}])
-    assert "timeline.1: every launch of a timeline runs at the first run's parallel layout" in problem(
-        timeline=[KILLS[0], {"world_size": 1, **KILLS[1]}, {}])
+    assert "timeline.1.fault.rank: out of range; got 1; allowed: 0..0" in problem(  # the launch's own ranks
+        timeline=[KILLS[0], {"world_size": 1, "fault": {**KILLS[1]["fault"], "rank": 1}}, {}])
+    smaller = load_document({**BASE, "timeline": [KILLS[0], {"world_size": 1, "packages": ["six==1.16.0"]}]},
+                            "t.yaml").cases[0]
+    assert smaller.incarnations[0].restart.world_size == 1 and smaller.launch_software(1).packages == ("six==1.16.0",)
     assert "timeline: must list 2 to 16 launches" in problem(timeline=KILLS[:1])
     read_error = {"fault": {"kind": "read_error", "rank": 1, "step": 8}}
     assert "timeline.1.fault: the first run's read_error fault acts in the restart too" in problem(
@@ -124,3 +127,21 @@ def test_torchrun_refuses_a_timeline_by_name():
     assert "a timeline of 3 launches, each with a fault of its own, runs under the local harness only" in \
         incompatibility(case)
     assert incompatibility(load_document({**BASE, "fault": KILLS[0]["fault"]}, "t.yaml").cases[0]) is None
+
+
+def test_a_launch_at_another_size_is_judged_by_a_chain_of_continuations(tmp_path):
+    """DCP at 2 ranks, then 4, then 2 again: the 4-rank restart is judged by a continuation of the
+    reference's step-4 state at 4 ranks, and the third launch, which restores the restart's own
+    step-8 save, by a continuation of that continuation's step-8 state at 2 ranks."""
+    timeline = [KILLS[0], {"world_size": 4, "fault": {"kind": "kill", "rank": 3, "step": 10, "phase": "train"}}, {}]
+    case = load_document({**BASE, "strategy": "dcp", "timeline": timeline}, "t.yaml").cases[0]
+    assert case.keeps_snapshots and not case.computes_alike(0, 1) and case.computes_alike(0, 2)
+    assert load_document(case.incarnation_document(1), "t.yaml").cases[0].workload.world_size == 4
+    result = Harness(work_root=tmp_path).run(case)
+    assert result.verdict.kind.value == "RECOVERED", result.verdict.findings
+    phases = {p.name: p for p in result.phases}
+    assert {"continuation", "continuation_2"} <= set(phases)
+    assert phases["continuation"].world_size == 4 and phases["continuation_2"].world_size == 2
+    assert phases[f"{RESTART}_2"].restored()[0]["step"] == 8 == phases["continuation_2"].restored()[0]["step"]
+    # the trusted step-8 state is the 4-rank continuation's own, recorded for the launch after it
+    assert any(e["event"] == "state" and e["step"] == 8 for e in phases["continuation"].ranks[0].events)

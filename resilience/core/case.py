@@ -182,12 +182,19 @@ class Case:
 
     def incarnation_document(self, index: int) -> dict[str, Any]:
         """The case as launch ``index`` of its timeline (0: the first run) runs it: a plain case
-        document with that launch's fault, and its placement as the restart, for its ranks to read."""
+        document with that launch's fault, and its placement as the restart, for its ranks to read.
+        A launch at another world size runs as a job of that size (its fault names its ranks)."""
         entries = self.document["timeline"]
         doc = {key: value for key, value in self.document.items() if key != "timeline"}
         # the restart keeps a first-run fault that acts there too (`Fault.arms_at_restart`)
         doc["fault"] = entries[index].get("fault", entries[0].get("fault", "none") if index == 1 else "none")
         doc["restart"] = {key: value for key, value in entries[max(index, 1)].items() if key != "fault"}
+        size = doc["restart"].get("world_size", self.workload.world_size)
+        if index >= 1 and size != self.workload.world_size:  # its ranks, its fault's ranks: its own size
+            doc["workload"] = {**doc["workload"], "world_size": size}
+            doc.pop("topology", None)
+            if "topology" in doc["restart"]:
+                doc["topology"] = doc["restart"]["topology"]
         return doc
 
     @property
@@ -211,6 +218,26 @@ class Case:
         """Whether the restart runs other software than the first run (another interpreter, other
         packages layered first), which may compute other bits from the same state."""
         return self.restart_software != self.software
+
+    def launch_software(self, index: int) -> Software:
+        """What launch ``index`` runs under (0: the first run; 1: the restart; then the timeline's)."""
+        return self.software if index == 0 else self.incarnations[index - 1].restart.software or self.software
+
+    def launch_placement(self, index: int) -> Topology:
+        """Where launch ``index`` runs (0: the first run)."""
+        return self.placement if index == 0 else self.incarnations[index - 1].restart.placement
+
+    def computes_alike(self, one: int, other: int) -> bool:
+        """Whether launches ``one`` and ``other`` compute the same bits from the same state: the same
+        parallel layout (TP, PP, DP) and the same software."""
+        return (self.launch_placement(one).parallel == self.launch_placement(other).parallel
+                and self.launch_software(one) == self.launch_software(other))
+
+    @property
+    def keeps_snapshots(self) -> bool:
+        """Whether some launch computes otherwise than the first run, so that the reference keeps
+        trusted snapshots for the continuations that judge it."""
+        return any(not self.computes_alike(0, index) for index in range(1, len(self.incarnations) + 1))
 
     @property
     def continuation_is_oracle(self) -> bool:

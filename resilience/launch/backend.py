@@ -287,10 +287,12 @@ def backend_for_case(case: Case) -> ProcessBackend | None:
     return backend_for_software(case.software, case.source, "software")
 
 
-def backend_for_restart(case: Case) -> ProcessBackend | None:
-    """The backend of the restart and every later launch (`Case.restart_software`): an upgrade to
-    qualify, or the case's own software."""
-    return backend_for_software(case.restart_software, case.source, "restart" if case.restart.software else "software")
+def backend_for_launch(case: Case, index: int) -> ProcessBackend | None:
+    """The backend of launch ``index`` (0: the first run; 1: the restart; then a timeline's) and
+    of the continuation judging it (`Case.launch_software`): an upgrade to qualify, or the case's."""
+    own = index >= 1 and case.incarnations[index - 1].restart.software
+    key = ("restart" if index == 1 and not case.timeline else f"timeline.{index}") if own else "software"
+    return backend_for_software(case.launch_software(index), case.source, key)
 
 
 BACKENDS = {"fork": ForkServerBackend, "spawn": SpawnBackend}

@@ -17,13 +17,18 @@ def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: P
           continuation: PhaseResult | None = None, fault_findings: tuple[str, ...] = (),
           fault_notes: tuple[str, ...] = (), intact_step: int | None = None,
           later: tuple[PhaseResult, ...] = (),
-          saved_check: tuple[PhaseResult, tuple[int, ...]] | None = None) -> Verdict:
+          saved_check: tuple[PhaseResult, tuple[int, ...]] | None = None,
+          oracles: tuple[PhaseResult | None, ...] | None = None) -> Verdict:
     """``fault_findings``: what the fault itself found (`Fault.findings`), each one SILENT;
     ``fault_notes``: what it did, in words (`Fault.notes`), listed last; ``intact_step``: after a
     refused restore, an older checkpoint proven intact (`resilience.run.availability`); ``later``:
     a timeline's launches after the restart, each judged as the restart is, against the reference;
     ``saved_check``: the phase that restored the first run's earlier saves, and their steps
-    (`oracle.saved_check`: its errors are evidence of a lost save, never the job's own LOUD)."""
+    (`oracle.saved_check`: its errors are evidence of a lost save, never the job's own LOUD);
+    ``oracles``: the phase judging each launch after the first run, the restart first (the
+    reference, a continuation, or None where no trusted state exists: `run.oracle_chain`); without
+    it the restart is judged by ``continuation`` where its topology or software changed, every
+    later launch by the reference."""
     silent: list[str] = list(fault_findings)
     reference_losses = reference.losses(0)
     runs = [first_run, restart, *later]
@@ -35,7 +40,9 @@ def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: P
     divergence, found = rules.first_run_divergence(
         {rank: first_run.losses(rank) for rank in range(first_run.world_size)}, reference_losses)
     silent += found
-    hops = [_restore_hop(case, reference, continuation if index == 1 else None, runs[:index], runs[index])
+    if oracles is None:
+        oracles = (restart_oracle(case, reference, restart, continuation),) + (reference,) * len(later)
+    hops = [_restore_hop(case, reference, oracles[index - 1], runs[:index], runs[index])
             for index in range(1, len(runs))]
     for number, hop in enumerate(hops, 2):  # the first run is launch 1
         silent += [f"launch {number} ({hop.phase}): {line}" for line in hop.silent] if later else hop.silent
@@ -72,10 +79,21 @@ class RestoreHop:
     logged: RankError | None = None  # the error the launch that ended logged about its last save
 
 
-def _restore_hop(case: Case, reference: PhaseResult, continuation: PhaseResult | None,
+def restart_oracle(case: Case, reference: PhaseResult, restart: PhaseResult,
+                   continuation: PhaseResult | None) -> PhaseResult | None:
+    """What judges the restart: the continuation where its topology or software changed (None
+    where none could run), unless other software went on bit for bit as the reference did."""
+    if not case.continuation_is_oracle:
+        return reference
+    if case.software_changes and ended_as_reference(case, reference, restart):
+        return reference  # other software that went on bit for bit as the saving one: the reference's end
+    return continuation
+
+
+def _restore_hop(case: Case, reference: PhaseResult, oracle: PhaseResult | None,
                  before: list[PhaseResult], run: PhaseResult) -> RestoreHop:
     """``run``'s restore from what the launches ``before`` it saved: the newest save that returned
-    on every rank of one launch, the state restored against the oracle's, every later loss."""
+    on every rank of one launch, the state restored against ``oracle``'s, every later loss."""
     silent: list[str] = []
     notes: list[str] = []
     state_diff: list[str] = []
@@ -92,9 +110,6 @@ def _restore_hop(case: Case, reference: PhaseResult, continuation: PhaseResult |
         found, notes = rules.restore_findings({rank: e["step"] for rank, e in restored.items()}, complete,
                                               case.expect.fallback_ok, "its state is verified below", ended, logged)
         silent += found
-        oracle = continuation if case.continuation_is_oracle else reference
-        if case.software_changes and ended_as_reference(case, reference, run):
-            oracle = reference  # other software that went on bit for bit as the saving one: the reference's end
         for rank, event in sorted(restored.items()):
             expected = expected_state(oracle, rank, event["step"])
             if expected is None:
@@ -133,13 +148,10 @@ def ended_as_reference(case: Case, reference: PhaseResult, restart: PhaseResult)
 
 
 def expected_state(oracle: PhaseResult | None, rank: int, step: int) -> dict | None:
-    """The reference fingerprint of ``rank``'s state at ``step``: from the continuation's restore
-    (a topology change), or from the reference run's per-step states."""
+    """The oracle's fingerprint of ``rank``'s state at ``step``: the reference's per-step states,
+    or a continuation's restore of the trusted state (and, where it records them, its later states)."""
     if oracle is None:
         return None
-    if oracle.name == "continuation":
-        event = oracle.restored().get(rank)
-        return event["fingerprint"] if event and event["step"] == step else None
     for record in oracle.ranks:
         if record.rank != rank:
             continue

@@ -13,7 +13,7 @@ from ..core.case import Case
 from ..core.plan import FALLBACK, RESTART
 from ..core.records import PhaseResult
 from ..disk.state_tree import materialise, remove_tree
-from ..launch.backend import ProcessBackend, backend_for_restart
+from ..launch.backend import ProcessBackend, backend_for_launch
 from .warm_pool import WarmPool
 
 
@@ -67,7 +67,7 @@ class CrashRestores:
                 self.regrouped += 1
                 retry_dir = Path(f"{plan.phase_dir}-fresh")
                 plan, result = replace(plan, phase_dir=str(retry_dir), store_path=str(retry_dir / "store")), None
-            return result if result is not None else self.run_phase(plan, case, backend=backend_for_restart(case))
+            return result if result is not None else self.run_phase(plan, case, backend=backend_for_launch(case, 1))
         finally:
             if not self.keep:
                 remove_tree(state_dir)

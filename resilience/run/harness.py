@@ -25,11 +25,17 @@ from ..core.records import CaseResult, PhaseResult
 from ..core.topology import Topology
 from ..errors import HarnessError, StrategyUnavailable
 from ..faults.base import CaseEnvironment
-from ..launch.backend import BACKENDS, DEFAULT_BACKEND, ProcessBackend, backend_for_case, backend_for_restart
+from ..launch.backend import (
+    BACKENDS,
+    DEFAULT_BACKEND,
+    ProcessBackend,
+    backend_for_case,
+    backend_for_launch,
+)
 from ..oracle import saved_check
 from ..oracle.evidence import collect_phase, follow_phase_events, stderr_tails
-from ..oracle.judge import ended_as_reference, judge
-from . import availability
+from ..oracle.judge import judge
+from . import availability, oracle_chain
 from .reference_cache import ReferenceCache, reference_key
 from .supervisor import LocalRanks, collect, deadline_after, supervise
 
@@ -101,31 +107,25 @@ class Harness:
             launches = self._launches(case, plan, env)
             restart, later = launches[0], launches[1:]
             phases.append(restart)
-            restored = restart.restored()
-            if case.continuation_is_oracle and 0 in restored and snapshots is not None and not (
-                    case.software_changes and ended_as_reference(case, reference, restart)):
-                step = restored[0]["step"]
-                if (snapshots / f"step_{step}").is_dir():  # trained on by the restart's topology and software
-                    phases.append(self.run_phase(plan.make(CONTINUATION, case.restart.world_size, "snapshot",
-                                                        snapshot_dir=snapshots, snapshot_step=step,
-                                                        topology=case.restart.placement), case,
-                                                 backend=backend_for_restart(case)))
+            judging = oracle_chain.oracles(case, plan, reference, snapshots, [phases[1], *launches], self.run_phase)
+            continuation = judging[0] if judging[0] is not reference else None  # the restart's, as the judge takes it
+            phases += [continuation] if continuation is not None else []
+            others = {id(o): o for o in judging[1:] if o is not None and o is not reference and o is not continuation}
             intact_step, probes = availability.probe(case, phases[1], restart, reference, lambda step: self.run_phase(
                 plan.make(FALLBACK, case.restart.world_size, "step", snapshot_step=step, rank_map=case.restart.rank_map,
                           phase_dir=work_dir / f"{FALLBACK}_step_{step}", topology=case.restart.placement), case,
-                backend=backend_for_restart(case)))  # the restart's own software: could it have restored it?
+                backend=backend_for_launch(case, 1)))  # the restart's own software: could it have restored it?
             found = fault.findings(env, tuple(phases))
             noted = fault.notes(env, tuple(phases))
-            phases += later
+            phases += later + list(others.values())
         finally:
             try:
                 fault.teardown(env)
             finally:
                 if store is not None:
                     store.stop()  # the bucket, the proxy and the server go with the case
-        judged = phases[:len(phases) - len(later)]
-        verdict = judge(case, *judged, fault_findings=found, fault_notes=noted, intact_step=intact_step,
-                        later=tuple(later), saved_check=checked)
+        verdict = judge(case, reference, phases[1], restart, continuation, fault_findings=found, fault_notes=noted,
+                        intact_step=intact_step, later=tuple(later), saved_check=checked, oracles=tuple(judging))
         return CaseResult(case=case, verdict=verdict, phases=tuple(phases) + probes + (checked[:1] if checked else ()),
                           work_dir=work_dir)
 
@@ -160,7 +160,8 @@ class Harness:
                     inject=incarnation.fault.kind != "none", rank_map=incarnation.restart.rank_map,
                     topology=incarnation.restart.placement, case_file=case_file,
                     foreign=tuple(str(plan.work_dir / launch_name(i)) for i in range(1, index))), case,
-                    supervisor=fault if fault.supervises else None, backend=backend_for_restart(case))
+                    supervisor=fault if fault.supervises else None,
+                    backend=backend_for_launch(case, index))
             finally:
                 fault.teardown(env)
             launches.append(launch)
@@ -170,7 +171,7 @@ class Harness:
 
     def _reference(self, case: Case, plan: "_Planner") -> tuple[PhaseResult, Path | None]:
         """The reference phase and its snapshot directory (only kept where a continuation is the oracle)."""
-        keep_snapshots = case.continuation_is_oracle
+        keep_snapshots = case.keeps_snapshots
 
         def run_into(directory: Path) -> PhaseResult:
             result = self.run_phase(plan.make(REFERENCE, case.workload.world_size, "fresh", record_states=True,

@@ -8,7 +8,7 @@ from pathlib import Path
 from ..core.case import Case
 from ..core.plan import CONTINUATION, FALLBACK, PhasePlan
 from ..core.records import PhaseResult
-from ..launch.backend import backend_for_restart
+from ..launch.backend import backend_for_launch
 from . import availability
 from .harness import Harness
 
@@ -26,7 +26,7 @@ def probe_in_local_ranks(case: Case, case_file: Path, checkpoint_dir: Path, work
                          phase_dir=str(phase_dir), start="step", save=False, inject=False, record_states=False,
                          snapshot_dir=None, snapshot_step=step, rank_map=case.restart.rank_map,
                          collective_timeout_s=case.timeouts.collective_s)
-        return harness.run_phase(plan, case, backend=backend_for_restart(case))
+        return harness.run_phase(plan, case, backend=backend_for_launch(case, 1))
 
     reference, first_run, restart = phases[:3]
     return availability.probe(case, first_run, restart, reference, run_step)

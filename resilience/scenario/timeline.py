@@ -9,8 +9,10 @@ and ``soak``, a timeline drawn from a seed.
 Entry 0 holds only the first run's ``fault``; every later entry the keys of ``restart`` and a
 ``fault`` of its own. ``fault`` and ``restart`` beside a timeline are refused: ``restart:`` is the
 short form of a two-entry timeline. A later launch's fault must be one that acts from its trigger
-alone (``Fault.in_timelines``), and the last launch has none, so the job reaches its end. Every
-launch runs at the first run's parallel layout and software: its oracle is the reference.
+alone (``Fault.in_timelines``), and the last launch has none, so the job reaches its end. A launch
+may run at another world size, topology or software (each defaults to the first run's, as the
+restart's do): it is judged by a continuation of the trusted state it restored, at its own layout
+and software (`resilience.run.oracle_chain`).
 
     soak: {failures: 4, every: [2, 5], kinds: [kill, crash, preempt], seed: 7}
 
@@ -21,6 +23,7 @@ which the case's document then holds as a plain timeline (replayable as it is).
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
 from ..core import registry
@@ -99,14 +102,14 @@ def check_timeline(v: Validator, value: Any, workload: WorkloadSpec, topology: T
         raise v.error("timeline.0.fault.kind", "explores crash states with restarts of its own: it ends a "
                       "two-launch case", first_fault.kind, "a timeline of 2 launches, or another fault")
     acts_at_restart = registry.resolve("fault", first_fault.kind).arms_at_restart
-    first = topology or Topology.single_node(workload.world_size)
     later = []
     for index, entry in enumerate(value[1:], 1):
         where = f"timeline.{index}"
         doc = v.mapping(where, entry if entry is not None else {}, RESTART_KEYS + ("fault",))
         sub = v.rerooted({"restart": where, "fault": f"{where}.fault"})
         restart = check_restart(sub, {k: doc[k] for k in doc if k != "fault"}, workload, topology)
-        fault = check_fault(sub, doc.get("fault", {"kind": "none"}), workload)
+        # a fault's rank is one of this launch's
+        fault = check_fault(sub, doc.get("fault", {"kind": "none"}), replace(workload, world_size=restart.world_size))
         fault_class = registry.resolve("fault", fault.kind)
         if not fault_class.in_timelines:
             allowed = sorted(name for name in registry.FAULTS if registry.resolve("fault", name).in_timelines)
@@ -118,9 +121,5 @@ def check_timeline(v: Validator, value: Any, workload: WorkloadSpec, topology: T
         if index == len(value) - 1 and fault.kind != "none":
             raise v.error(f"{where}.fault", "the last launch runs the job to its end: it has no fault",
                           fault.kind, "none (add a launch after it)")
-        if restart.placement.parallel != first.parallel or restart.python or restart.packages:
-            raise v.error(where, "every launch of a timeline runs at the first run's parallel layout and "
-                          "software (its oracle is the reference)", {k: doc[k] for k in doc if k != "fault"},
-                          f"world_size {workload.world_size}, rank_map, a placement with {first.describe()}")
         later.append(Incarnation(restart=restart, fault=fault))
     return first_fault, later[0].restart, tuple(later)
