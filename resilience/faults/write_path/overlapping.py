@@ -5,7 +5,8 @@ each step) has more than one save in flight whenever storage is slower than trai
 makes that state certain instead of a race: from the step-``step`` save on, the trigger rank's
 writes of files matching ``file`` (the saves from that step on) stall (its storage stops
 answering), so no save of its from then on finishes; at the start of the first train step at
-which ``in_flight`` (default 2) of its saves are in flight, it is SIGKILLed. A strategy that waits
+which ``in_flight`` (default 2) of those stalled saves are in flight, once its earlier saves
+finished writing, it is SIGKILLed. A strategy that waits
 for the previous save before the next never gets there: it waits in that save instead (its own
 timeout, or the phase deadline, decides). The restart shows which checkpoint survived; the oracle
 verifies it bitwise.
@@ -22,6 +23,7 @@ from ...disk.interception import InterceptedFile
 from ..base import Fault, WriteListener
 
 STALL_S = 3600.0  # a stalled write waits for the kill
+EARLIER_SAVES_S = 30.0  # at most this long for the saves before the stall to finish
 
 
 class OverlappingAsync(Fault, WriteListener):
@@ -61,7 +63,13 @@ class OverlappingAsync(Fault, WriteListener):
         if phase != "train" or not self.on_trigger_rank() or step <= self.trigger.step:
             return
         flying = self.strategy.in_flight_steps()
-        if len(flying) >= int(self.spec.params.get("in_flight") or 2):
+        if len([s for s in flying if s >= self.trigger.step]) >= int(self.spec.params.get("in_flight") or 2):
+            # the saves before the stall are not held back: on a loaded machine one may still be
+            # writing; they finish first, so which steps were committed at the kill is certain
+            deadline = time.monotonic() + EARLIER_SAVES_S
+            while any(s < self.trigger.step for s in flying) and time.monotonic() < deadline:
+                time.sleep(0.05)
+                flying = self.strategy.in_flight_steps()
             self.fired(point="start", in_flight=flying, ends_process=True)
             os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(3600)
