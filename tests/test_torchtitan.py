@@ -40,7 +40,9 @@ def test_every_phase_of_a_torchtitan_case_runs_with_its_packages_layered():
     ({"keep_latest_k": 1}, "strategy.options.keep_latest_k", "torchtitan refuses 1"),
     ({"token_masking": 1.5}, "strategy.options.token_masking", "probability below 1"),
     ({"export_dtype": "float16"}, "strategy.options.export_dtype", "bfloat16"),
-    ({"last_save_in_hf": True}, "strategy.options.last_save_in_hf", "unknown key"),
+    ({"last_save_in_hf": True, "last_save_model_only": False}, "strategy.options.last_save_in_hf",
+     "needs last_save_model_only true"),
+    ({"last_save_to_hf": True}, "strategy.options.last_save_to_hf", "unknown key"),
 ])
 def test_bad_torchtitan_options_are_refused_by_name(options, key, shown):
     with pytest.raises(ScenarioError) as info:

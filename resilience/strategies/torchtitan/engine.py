@@ -25,7 +25,7 @@ from torchtitan.distributed import ParallelDims
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm, compute_ffn_hidden_dim
 from torchtitan.models.common.attention import ScaledDotProductAttention
-from torchtitan.models.llama3 import Llama3Model, parallelize_llama
+from torchtitan.models.llama3 import Llama3Model, Llama3StateDictAdapter, parallelize_llama
 from torchtitan.models.llama3 import _build_llama3_layers as build_llama3_layers  # its own layer builder
 
 from ...workloads.base import Workload
@@ -120,8 +120,9 @@ class TitanTrainedWorkload(Workload):
         self.local_batch = spec.global_batch // world_size
         self.training = TrainingConfig(local_batch_size=self.local_batch, seq_len=SEQUENCE, steps=spec.steps,
                                        mixed_precision_param="float32", max_norm=1.0)
+        self.model_config = tiny_llama()
         with torch.device("meta"):
-            model = tiny_llama().build()
+            model = self.model_config.build()
         self.model = parallelize_llama(model, parallel_dims=self.parallel_dims, training=self.training,
                                        parallelism=self.parallelism, compile_config=CompileConfig(enable=False),
                                        ac_config=None, dump_folder="")
@@ -171,13 +172,15 @@ class TitanTrainedWorkload(Workload):
     def manager(self, base_folder: str, **config: Any) -> CheckpointManager:
         """torchtitan's checkpoint manager over this workload's parts, built as the trainer builds
         it (``trainer.py:591-603``: the model parts, the optimizer and LR scheduler containers, the
-        dataloader, ``states={"train_state": ...}``, no state-dict adapter) with ``config`` its
+        dataloader, ``states={"train_state": ...}``; the llama3 state-dict adapter, without Hugging Face
+        assets, only for ``last_save_in_hf``) with ``config`` its
         ``checkpoint`` section (``folder`` is torchtitan's default, ``checkpoint``). Collective in
         the async modes, which make a gloo group of their own (``checkpointer/dcp.py:188-189``)."""
+        adapter = Llama3StateDictAdapter(self.model_config, None) if config.get("last_save_in_hf") else None
         return CheckpointManager(CheckpointManager.Config(**config), dataloader=self.dataloader,
                                  model_parts=[self.model], optimizers=self.optimizers,
                                  lr_schedulers=self.lr_schedulers, states={"train_state": self.train_state},
-                                 sd_adapter=None, base_folder=base_folder)
+                                 sd_adapter=adapter, base_folder=base_folder)
 
     def save_reference_snapshot(self, directory) -> None:
         """The reference's own state as torchtitan checkpoints it (every part, synchronously) under

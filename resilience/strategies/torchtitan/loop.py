@@ -42,6 +42,7 @@ def train(workload: TitanTrainedWorkload, observer: TrainingObserver, checkpoint
         base, enable=observer.saves or observer.start != "fresh", interval=observer.checkpoint_every,
         async_mode=options.get("async_mode", "disabled"), keep_latest_k=options.get("keep_latest_k", 0),
         last_save_model_only=options.get("last_save_model_only", True),
+        last_save_in_hf=options.get("last_save_in_hf", False),
         export_dtype=options.get("export_dtype", "float32"))
     try:
         manager.load(step=load_step)

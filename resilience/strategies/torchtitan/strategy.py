@@ -30,16 +30,18 @@ class TorchtitanCheckpoint(CheckpointStrategy):
     (0: keep all, the default here; torchtitan refuses 1; rank 0 purges the older ``step-*``
     folders in a thread of its own right after each save is launched), ``last_save_model_only``
     (default true, as torchtitan's: the save at the job's last step writes the model alone, in
-    ``export_dtype``), ``export_dtype: float32 | bfloat16``. ``interval`` is the workload's
+    ``export_dtype``), ``last_save_in_hf`` (that save as Hugging Face safetensors, through the llama3
+    state-dict adapter), ``export_dtype: float32 | bfloat16``. ``interval`` is the workload's
     ``checkpoint_every``. ``token_masking: p`` replaces each input token with probability ``p`` by a
     draw from the process's torch generator, as dropout would: torchtitan checkpoints no RNG.
     The workload spec gives the steps, the seed and the global batch (each rank's
     ``local_batch_size`` is its share); the model and its data are the strategy's own."""
 
     drives_training = True
-    options = ("async_mode", "keep_latest_k", "last_save_model_only", "export_dtype", "token_masking")
+    options = ("async_mode", "keep_latest_k", "last_save_model_only", "last_save_in_hf", "export_dtype",
+               "token_masking")
     option_values: ClassVar[Mapping[str, Any]] = {
-        "last_save_model_only": (True, False), "export_dtype": EXPORT_DTYPES}
+        "last_save_model_only": (True, False), "last_save_in_hf": (True, False), "export_dtype": EXPORT_DTYPES}
     layered_packages = PACKAGES
     capabilities = frozenset({Capability.CHOSEN_STEP})
 
@@ -51,6 +53,9 @@ class TorchtitanCheckpoint(CheckpointStrategy):
                     "use_non_blocking_copy, checkpointer/dcp.py:426-433), which a CPU cannot give", mode, ASYNC_MODES)
         if mode not in ASYNC_MODES:
             return ("strategy.options.async_mode", "not one of the allowed values", mode, ASYNC_MODES)
+        if options.get("last_save_in_hf") and not options.get("last_save_model_only", True):
+            return ("strategy.options.last_save_in_hf", "exports the model alone (torchtitan asserts it, "
+                    "checkpointer/dcp.py:762-765): it needs last_save_model_only true", True, (False,))
         keep = options.get("keep_latest_k", 0)
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0 or keep == 1:
             return ("strategy.options.keep_latest_k", "must be 0 (keep every checkpoint) or at least 2 (torchtitan "
