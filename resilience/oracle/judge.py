@@ -22,7 +22,7 @@ def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: P
     """``fault_findings``: what the fault itself found (`Fault.findings`), each one SILENT;
     ``fault_notes``: what it did, in words (`Fault.notes`), listed last; ``intact_step``: after a
     refused restore, an older checkpoint proven intact (`resilience.run.availability`); ``later``:
-    a timeline's launches after the restart, each judged as the restart is, against the reference;
+    a timeline's launches after the restart, each judged as the restart is, against its oracle;
     ``saved_check``: the phase that restored the first run's earlier saves, and their steps
     (`oracle.saved_check`: its errors are evidence of a lost save, never the job's own LOUD);
     ``oracles``: the phase judging each launch after the first run, the restart first (the
