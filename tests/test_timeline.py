@@ -43,7 +43,7 @@ def test_timeline_mistakes_name_the_entry_key_value_and_what_is_allowed():
     assert "timeline.2.fault: the last launch runs the job to its end" in problem(timeline=KILLS[:2] + [KILLS[1]])
     assert "timeline.1.fault.rank: " in problem(timeline=[KILLS[0], {"fault": {"kind": "kill", "rank": 5,
                                                                                 "step": 10}}, {}])
-    assert "timeline.1.fault.rank: out of range; got 1; allowed: 0..0" in problem(  # the launch's own ranks
+    assert "timeline.1.fault.rank: out of range; got 1; allowed: 0..0 (timeline.1.world_size is 1)" in problem(
         timeline=[KILLS[0], {"world_size": 1, "fault": {**KILLS[1]["fault"], "rank": 1}}, {}])
     smaller = load_document({**BASE, "timeline": [KILLS[0], {"world_size": 1, "packages": ["six==1.16.0"]}]},
                             "t.yaml").cases[0]

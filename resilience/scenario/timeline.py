@@ -23,7 +23,7 @@ which the case's document then holds as a plain timeline (replayable as it is).
 from __future__ import annotations
 
 import random
-from dataclasses import replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ..core import registry
@@ -34,6 +34,23 @@ from .placement import check_restart
 from .schema import RESTART_KEYS
 
 MAX_LAUNCHES = 16
+
+
+@dataclass(frozen=True)
+class LaunchWorkload(WorkloadSpec):
+    """The workload as one launch of a timeline runs it, for checking that launch's fault: its
+    ranks are the launch's, and an error about them names the launch's world size."""
+    launch: str = "timeline.1"
+
+    @property
+    def world_size_key(self) -> str:  # per launch, where the base names it once per class
+        return f"{self.launch}.world_size"
+
+    @classmethod
+    def of(cls, workload: WorkloadSpec, world_size: int, launch: str) -> LaunchWorkload:
+        """``workload`` at ``world_size``, as launch ``launch`` (``timeline.K``) runs it."""
+        same = {f.name: getattr(workload, f.name) for f in fields(workload)}
+        return cls(**{**same, "world_size": world_size}, launch=launch)
 SOAK_KEYS = ("failures", "every", "kinds", "seed")
 # each kind's fault in training; preempt's grace is short, as a scheduler's is
 SOAK_FAULTS = {"kill": {}, "crash": {"how": "os_exit"}, "preempt": {"grace": 10}}
@@ -109,7 +126,8 @@ def check_timeline(v: Validator, value: Any, workload: WorkloadSpec, topology: T
         sub = v.rerooted({"restart": where, "fault": f"{where}.fault"})
         restart = check_restart(sub, {k: doc[k] for k in doc if k != "fault"}, workload, topology)
         # a fault's rank is one of this launch's
-        fault = check_fault(sub, doc.get("fault", {"kind": "none"}), replace(workload, world_size=restart.world_size))
+        launch = LaunchWorkload.of(workload, restart.world_size, where)
+        fault = check_fault(sub, doc.get("fault", {"kind": "none"}), launch)
         fault_class = registry.resolve("fault", fault.kind)
         if not fault_class.in_timelines:
             allowed = sorted(name for name in registry.FAULTS if registry.resolve("fault", name).in_timelines)
