@@ -138,13 +138,16 @@ def ended_as_reference(case: Case, reference: PhaseResult, restart: PhaseResult)
     equal, bit for bit, to the reference's: then the reference is its oracle (the job ended as the
     reference does) and no continuation is needed, whatever software it ran."""
     restored = restart.restored()
-    if case.topology_changes or restart.status != "completed" or 0 not in restored:
+    return not case.topology_changes and 0 in restored and went_on_as(restart, reference, restored[0]["step"])
+
+
+def went_on_as(run: PhaseResult, oracle: PhaseResult, step: int) -> bool:
+    """Whether ``run`` completed with every loss after its restore of ``step`` equal, bit for bit,
+    to ``oracle``'s (and trained at least one step after it)."""
+    losses = {rank: run.losses(rank) for rank in range(run.world_size)}
+    if run.status != "completed" or not any(s > step for by_step in losses.values() for s in by_step):
         return False
-    step = restored[0]["step"]
-    losses = {rank: restart.losses(rank) for rank in range(restart.world_size)}
-    if not any(s > step for by_step in losses.values() for s in by_step):
-        return False
-    return not rules.after_restore_divergence(losses, reference.losses(0), step, restart.name)[1]
+    return not rules.after_restore_divergence(losses, oracle.losses(0), step, run.name)[1]
 
 
 def expected_state(oracle: PhaseResult | None, rank: int, step: int) -> dict | None:

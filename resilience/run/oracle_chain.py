@@ -13,21 +13,23 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.case import Case
 from ..core.plan import CONTINUATION
 from ..core.records import PhaseResult
 from ..launch.backend import backend_for_launch
-from ..oracle import rules
+from ..oracle.judge import went_on_as
 
 
+@dataclass(frozen=True)
 class Link:
     """One run's oracle: the phase whose states and losses it is judged by (None: none could be
     computed), which launch's layout and software that phase ran at, and its snapshots."""
-
-    def __init__(self, oracle: PhaseResult | None, computed_at: int, snapshots: Path | None):
-        self.oracle, self.computed_at, self.snapshots = oracle, computed_at, snapshots
+    oracle: PhaseResult | None
+    computed_at: int
+    snapshots: Path | None
 
 
 def continuation_name(index: int) -> str:
@@ -57,7 +59,7 @@ def oracles(case: Case, plan, reference: PhaseResult, snapshots: Path | None, ru
         if source.oracle is None or case.computes_alike(index, source.computed_at) or (
                 case.launch_placement(index).parallel == case.launch_placement(source.computed_at).parallel
                 and went_on_as(runs[index], source.oracle, step)):
-            chain.append(Link(source.oracle, source.computed_at, source.snapshots))
+            chain.append(source)
             continue
         trusted = source.snapshots / f"step_{step}" if source.snapshots else None
         if trusted is None or not trusted.is_dir():
@@ -75,11 +77,3 @@ def oracles(case: Case, plan, reference: PhaseResult, snapshots: Path | None, ru
         chain.append(Link(phase, index, own if chained else None))
     return [link.oracle for link in chain[1:]]
 
-
-def went_on_as(run: PhaseResult, oracle: PhaseResult, step: int) -> bool:
-    """Whether ``run`` completed with every loss after its restore of ``step`` equal, bit for bit,
-    to ``oracle``'s: other software that ended as the saving one's oracle is judged by it."""
-    losses = {rank: run.losses(rank) for rank in range(run.world_size)}
-    if run.status != "completed" or not any(s > step for by_step in losses.values() for s in by_step):
-        return False
-    return not rules.after_restore_divergence(losses, oracle.losses(0), step, run.name)[1]
