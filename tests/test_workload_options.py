@@ -31,6 +31,8 @@ FULL = {"dropout": 0.1, "ema": 0.9, "accumulation": 2, "amp": "fp16", "buffers":
     ({"num_workers": 2}, "workload.options.num_workers", 2, "data: loader"),
     ({"data": "loader", "persistent_workers": True}, "workload.options.persistent_workers", True, "num_workers >= 1"),
     ({"persistent_workers": "yes", "data": "loader"}, "workload.options.persistent_workers", "yes", "true, false"),
+    ({"step_seconds": -1}, "workload.options.step_seconds", -1, "[0, 60]"),
+    ({"step_seconds": "1s"}, "workload.options.step_seconds", "1s", "[0, 60]"),
 ])
 def test_a_bad_option_is_named_with_what_is_allowed(options, key, value, allowed):
     err = scenario_error(variant({"workload.options": options}))
@@ -234,3 +236,20 @@ def test_a_per_rank_loader_position_is_kept_under_the_ranks_own_key_as_torchtita
     wider = LoaderData(inputs, targets, 0, 1, 4, 2, 0, False, per_rank_state=True)
     with pytest.raises(AssertionError, match="dp_degree is inconsistent before and after checkpoint"):
         wider.load(first.state())
+
+
+def test_a_paced_step_lasts_its_seconds_and_changes_no_bit(tmp_path):
+    """``step_seconds`` sleeps after a step's compute: the same losses bit for bit as without it, and
+    no two steps of a rank closer together than the pace (a lower bound: a sleep never ends early)."""
+    from .harness_helpers import run_case
+
+    fault = {"kind": "kill", "rank": 1, "step": 3, "phase": "train"}
+    plain = run_case(tmp_path / "plain", fault=fault, workload={"steps": 4, "checkpoint_every": 2})
+    paced = run_case(tmp_path / "paced", fault=fault,
+                     workload={"steps": 4, "checkpoint_every": 2, "options": {"step_seconds": 0.3}})
+    assert paced.verdict.kind == plain.verdict.kind == VerdictKind.RECOVERED, paced.verdict.findings
+    for name in ("reference", "restart"):
+        assert paced.loss_series(name) == plain.loss_series(name) != {}
+        times = [e["time"] for e in paced.phase(name).ranks[0].events if e["event"] == "loss"]
+        gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+        assert gaps and min(gaps) >= 0.3, times

@@ -5,14 +5,12 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import registry
 from ..core.case import Case
 from ..core.elastic_layout import NODE_NAMESPACE_ENV
-from ..errors import HarnessError
 from ..faults.base import Fault
 
 STARTUP_S = 120.0  # torchrun's start, rendezvous and `import torch` on busy machines
@@ -37,8 +35,8 @@ class TorchrunOptions:
     local_addr: str | None = None  # ``--local-addr``: this node's address (rank order follows it)
     min_nodes: int | None = None  # elastic: ``--nnodes MIN:MAX`` with MAX = nnodes
     join: bool = False  # the case directory is already being run by other nodes (a spare joining)
-    #: a spare standing by: its driver is ready, and starts its agent once this file exists (the
-    #: moment the scheduler hands the node to the job), at most STANDBY_S seconds later
+    #: a spare standing by: its agent is started (`resilience.launch.standby_agent`) and runs torchrun
+    #: once this file exists (the moment the scheduler hands the node to the job), at most STANDBY_S later
     standby: Path | None = None
 
     def ranks_per_node(self, case: Case) -> int:
@@ -56,20 +54,14 @@ def torchrun_command(case: Case, options: TorchrunOptions, case_dir: Path, launc
         rendezvous += ["--rdzv-conf", options.rdzv_conf] if options.rdzv_conf else []
         rendezvous += ["--local-addr", options.local_addr] if options.local_addr else []
     nnodes = f"{options.min_nodes}:{options.nnodes}" if options.min_nodes else str(options.nnodes)
-    return [options.python, "-m", "torch.distributed.run", *rendezvous, "--nnodes", nnodes,
+    # a spare standing by: its agent process starts now, warm, and runs torchrun once handed over
+    agent = (["resilience.launch.standby_agent", str(options.standby), f"{STANDBY_S:g}"] if options.standby
+             else ["torch.distributed.run"])
+    return [options.python, "-m", *agent, *rendezvous, "--nnodes", nnodes,
             "--nproc-per-node", str(options.ranks_per_node(case)), "--max-restarts", str(options.max_restarts),
             "--monitor-interval", "0.1", "-m", ENTRY_MODULE, str(case_dir)]
 
 
-
-
-def stand_by(options: TorchrunOptions) -> None:
-    """A spare standing by waits for its turn (``options.standby`` exists) before its agent starts."""
-    until = time.monotonic() + STANDBY_S
-    while options.standby is not None and not Path(options.standby).exists():
-        if time.monotonic() > until:
-            raise HarnessError(f"--standby {options.standby}: not created within {STANDBY_S:g} s")
-        time.sleep(0.1)
 
 
 def incompatibility(case: Case, options: TorchrunOptions = TorchrunOptions()) -> str | None:

@@ -35,7 +35,7 @@ from ..core.topology import NODE_LOCAL
 from ..errors import HarnessError, StrategyUnavailable, TorchrunIncompatible
 from ..faults.base import CaseEnvironment, Fault
 from ..launch.backend import rank_environment
-from ..launch.torchrun_command import STARTUP_S, TorchrunOptions, incompatibility, stand_by, torchrun_command
+from ..launch.torchrun_command import STARTUP_S, TorchrunOptions, incompatibility, torchrun_command
 from ..oracle.evidence import collect_phase, launcher_error, stderr_tails, where_waiting
 from .agent_launch import AgentLaunch
 from .elastic_grow import is_grown, judge_job, superseded
@@ -87,7 +87,6 @@ class _Driver:
         self._launches: list[int] = []
 
     def run(self) -> CaseResult:
-        stand_by(self.options)
         self._prepare()
         fault = registry.resolve("fault", self.case.fault.kind)(self.case.fault)
         env = CaseEnvironment(case=self.case, case_dir=self.layout.case_dir, checkpoint_dir=self.layout.checkpoint_dir)
@@ -140,8 +139,8 @@ class _Driver:
     # -- before the launch ------------------------------------------------------------------------
     def _prepare(self) -> None:
         layout, case = self.layout, self.case
-        if layout.incarnations() and self.options.join:  # a node joining the running job: the rest is done
-            return
+        if self.options.join and (layout.incarnations() or self.options.standby):  # joining the running job
+            return  # (a spare standing by is handed over only once it runs): the rest is done
         if layout.incarnations():  # its files would be judged as this run's (on several nodes, no rank
             # starts before every node's agent joined, so a node that prepares late still sees none)
             raise HarnessError(f"case directory {layout.case_dir} holds an earlier run's ranks "

@@ -9,6 +9,7 @@ its oracle on the restart's own topology instead of using a tolerance.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -141,6 +142,7 @@ class MLPWorkload(TrainableWorkload):
         self._step += 1
 
     def train_step(self) -> float:
+        paced_until = time.monotonic() + self.extras.step_seconds
         self.optimizer.zero_grad(set_to_none=False)
         total = None
         for inputs, targets in self.micro_batches():  # gradients accumulate, one reduction a step
@@ -152,6 +154,8 @@ class MLPWorkload(TrainableWorkload):
         self.precision.step(self.optimizer)
         self.scheduler.step()
         self.count_step()
+        # a step as long as a real model's: what arrives while the job trains finds it training
+        time.sleep(max(0.0, paced_until - time.monotonic()))
         return float(loss)
 
     def evaluation_loss(self, parameters: dict[str, torch.Tensor] | None = None) -> float:

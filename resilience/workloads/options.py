@@ -12,6 +12,7 @@ bare model and optimizer lack, each off by default so that a case without option
     persistent_workers: true
     epoch_steps: 5          # steps per epoch of the loader's dataset (data: loader)
     loader_state: per_rank  # each rank's position under its own key, as torchtitan keeps it
+    step_seconds: 0.5       # each optimizer step lasts at least this long, as a real model's does
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ class TrainingExtras:
     persistent_workers: bool = False
     epoch_steps: int = 5
     loader_state: str = "replicated"
+    step_seconds: float = 0.0
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> TrainingExtras:
@@ -53,7 +55,8 @@ class TrainingExtras:
                    num_workers=int(options.get("num_workers", 0)),
                    persistent_workers=bool(options.get("persistent_workers", False)),
                    epoch_steps=int(options.get("epoch_steps", 5)),
-                   loader_state=str(options.get("loader_state", "replicated")))
+                   loader_state=str(options.get("loader_state", "replicated")),
+                   step_seconds=float(options.get("step_seconds", 0.0)))
 
 
 def option_problem(options: Mapping[str, Any], world_size: int,
@@ -104,6 +107,9 @@ def _value_problem(key: str, value: Any) -> tuple[str, Any, Any] | None:
     elif key in ("persistent_workers", "buffers", "tied"):
         if not isinstance(value, bool):
             return "must be true or false", value, "true, false"
+    elif key == "step_seconds":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 60:
+            return "must be a duration in seconds", value, "a number in [0, 60]"
     elif key == "amp":
         if value not in PRECISIONS:
             return "is not a mixed precision", value, ", ".join(PRECISIONS)
@@ -118,4 +124,4 @@ def _value_problem(key: str, value: Any) -> tuple[str, Any, Any] | None:
     return None
 
 
-OPTION_NAMES = ("dropout", "ema", "accumulation", "amp", "buffers", "tied", "data") + LOADER_ONLY
+OPTION_NAMES = ("dropout", "ema", "accumulation", "amp", "buffers", "tied", "data", "step_seconds") + LOADER_ONLY
