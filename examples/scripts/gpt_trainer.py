@@ -7,12 +7,14 @@ Each rank prints its own loss.
     torchrun --standalone --nproc-per-node 2 examples/scripts/gpt_trainer.py --out-dir out
     torchrun --standalone --nproc-per-node 2 examples/scripts/gpt_trainer.py --out-dir out --init-from resume
 
-``--forget-rng`` is a common bug to catch: the resume reseeds instead of restoring the RNG state,
-so the batches and dropout masks after it are those of step 0. ``--loss-noise A`` makes the run
-not reproducible, as a reduction whose order varies does: each loss gets up to ``A`` of noise
-from the operating system (the gradients stay exact). ``--save-atomically`` is the usual repair
-of the save in place: write ``ckpt.pt.tmp``, fsync it, rename it over ``ckpt.pt``, fsync the
-directory.
+``--forget-rng`` is a common bug to catch: the resume reseeds instead of restoring the RNG state, so
+the batches and dropout masks after it are those of step 0. ``--loss-noise A`` makes the run not
+reproducible, as a reduction whose order varies does: each loss gets up to ``A`` of noise from the
+operating system (the gradients stay exact). ``--stale-rng-after-resume`` is a bug only a second
+resume shows: a resumed run saves the RNG states it loaded (a copy kept from the checkpoint and
+never refreshed) instead of the current ones, so its own saves restore the streams of an older step.
+``--save-atomically`` is the usual repair of the save in place: write ``ckpt.pt.tmp``, fsync it,
+rename it over ``ckpt.pt``, fsync the directory.
 """
 import argparse
 import math
@@ -88,6 +90,7 @@ def main():
     parser.add_argument("--forget-rng", action="store_true")
     parser.add_argument("--loss-noise", type=float, default=0.0)
     parser.add_argument("--save-atomically", action="store_true")
+    parser.add_argument("--stale-rng-after-resume", action="store_true")
     args = parser.parse_args()
 
     dist.init_process_group(backend="gloo")
@@ -98,13 +101,13 @@ def main():
 
     model = GPT(args.dropout)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, foreach=False)
-    iter_num = 0
+    iter_num, loaded_rng = 0, None
     ckpt_path = os.path.join(args.out_dir, "ckpt.pt")
     if args.init_from == "resume" or (args.init_from == "auto" and os.path.exists(ckpt_path)):
         checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
-        iter_num = checkpoint["iter_num"]
+        iter_num, loaded_rng = checkpoint["iter_num"], checkpoint["rng"]
         if not args.forget_rng:
             torch.set_rng_state(checkpoint["rng"][rank])
     model = DistributedDataParallel(model)
@@ -125,6 +128,8 @@ def main():
         if iter_num % args.save_interval == 0:
             rng = [None] * dist.get_world_size()
             dist.all_gather_object(rng, torch.get_rng_state())
+            if args.stale_rng_after_resume and loaded_rng is not None:
+                rng = loaded_rng
             if rank == 0:
                 checkpoint = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
                               "iter_num": iter_num, "rng": rng}

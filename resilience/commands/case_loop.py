@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 
-from ..core.case import Case, ScriptCase
+from ..core.case import Case
 from ..core.records import CaseResult
+from ..core.script_case import ScriptCase
 from ..errors import ResilienceError, Unavailable
 from ..oracle.outcome import judge_case, judge_outcome
 from ..report.text import render, verdict_line

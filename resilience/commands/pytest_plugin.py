@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from ..core.case import Case, ScriptCase
+from ..core.case import Case
 from ..core.interrupts import end_like_ctrl_c_on_sigterm
 from ..core.records import CaseResult
+from ..core.script_case import ScriptCase
 from ..errors import CaseFailed, HarnessError, ScenarioError, Unavailable
 from ..faults.base import FaultUnavailable
 from ..launch.backend import BACKENDS, DEFAULT_BACKEND

@@ -7,8 +7,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..core.case import Case, ScriptCase
+from ..core.case import Case
 from ..core.directory_cache import DirectoryCache
+from ..core.script_case import ScriptCase
 from ..errors import ResilienceError, Unavailable
 from ..oracle.outcome import judge_case, judge_outcome
 from ..report.qualification import CaseRecord

@@ -10,7 +10,7 @@ step; the other parts of the digest (optimizer state, RNG streams) then say what
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..core.case import VerdictKind
 from ..core.records import RankError, Verdict
@@ -68,6 +68,17 @@ class RankLog:
         if self.uses_contract:
             return self.losses
         return {restored + step: loss for step, loss in self.observed.items()}
+
+    def shifted(self, restored: int) -> RankLog:
+        """This log with the hooks' steps counted from ``restored`` as the first run's are (a later
+        launch's hooks count its own steps from 1); contract lines name their steps already."""
+        if self.uses_contract or not restored:
+            return self
+        return replace(self, observed={restored + step: loss for step, loss in self.observed.items()},
+                       digests={restored + step: digest for step, digest in self.digests.items()},
+                       after={restored + step: digest for step, digest in self.after.items()},
+                       saved=tuple(restored + step for step in self.saved),
+                       written=tuple((file, restored + step, phase) for file, step, phase in self.written))
 
     def saved_states(self) -> dict[int, dict[str, str]]:
         """The state a checkpoint of each step holds (0: the initial one, before the first step)."""
@@ -129,7 +140,7 @@ def _matching_step(states: dict[int, dict[str, str]], part: str, value: str) -> 
 def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list[RankLog] | None,
                hung: str | None, envelope: Envelope | None = None, fallback_ok: bool = False,
                rescaled: str | None = None, reads_from_run: bool = True,
-               continuation: list[RankLog] | None = None) -> Verdict:
+               continuation: list[RankLog] | None = None, to_the_end: bool = True) -> Verdict:
     """``reference``: the uninterrupted run, one log per rank; ``first_run`` and ``restart``: one
     log per rank (``restart`` None when the job never restarted); ``hung``: the part past its
     deadline. Each rank is judged against its own reference, bitwise, or within ``envelope``
@@ -139,7 +150,8 @@ def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list
     ``continuation`` (one log per rank at the restart's size, resumed from an uninterrupted run's
     save of the step the restart restored) gives them their oracle.
     ``reads_from_run``: the files the restart read hold what the first run last wrote (not so in
-    a rebuilt crash state), so their saves are cross-checked with the restored step."""
+    a rebuilt crash state), so their saves are cross-checked with the restored step. ``to_the_end``
+    False: a launch of a timeline that its own fault ends, which need not reach the last step."""
     expected = {log.rank: log.step_losses() for log in reference}
     final_step = max((max(losses, default=0) for losses in expected.values()), default=0)
     divergence, silent = None, []
@@ -189,7 +201,7 @@ def judge_logs(reference: list[RankLog], first_run: list[RankLog], restart: list
     if idle_restart and final_step in (complete, restored_step) and not first_error and not hung:
         notes.append(f"the restart trained no step: the step-{final_step} checkpoint was the run's last, so there "
                      "was nothing left to compare after its restore")
-    elif restart and not first_error and not hung:
+    elif restart and not first_error and not hung and to_the_end:
         reached = min((max(log.step_losses(restored_step or 0), default=restored_step or 0) for log in restart),
                       default=0)
         if reached < final_step:

@@ -4,8 +4,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..core.case import Case, ScriptCase, VerdictKind
+from ..core.case import Case, VerdictKind
 from ..core.records import CaseResult, Verdict
+from ..core.script_case import ScriptCase
 
 
 @dataclass(frozen=True)

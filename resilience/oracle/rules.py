@@ -111,6 +111,10 @@ def intact_notes(intact_step: int | None) -> list[str]:
             f"fresh ranks: state and every later loss equal to the reference bitwise)"]
 
 
+#: how bad each verdict is, as `worst` orders them
+SEVERITY = {VerdictKind.RECOVERED: 0, VerdictKind.LOUD: 1, VerdictKind.HANG: 2, VerdictKind.SILENT: 3}
+
+
 def worst(silent: list[str], hung: str | None, first_error: RankError | None) -> VerdictKind:
     """The verdict the findings add up to: SILENT > HANG > LOUD > RECOVERED."""
     if silent:

@@ -78,7 +78,8 @@ def install(config_text: str) -> None:
 
 def _armed_fault(config: dict, incarnation):
     """The case's fault in the first incarnation; at a restart only a fault that acts on the
-    restore's reads (``arms_at_restart``)."""
+    restore's reads (``arms_at_restart``). A later launch of a timeline (``launch_fault``) arms its
+    own fault in its first incarnation."""
     if not config.get("fault"):
         return None
     from ..core import registry
@@ -88,7 +89,8 @@ def _armed_fault(config: dict, incarnation):
     spec = FaultSpec(kind=document["kind"], trigger=Trigger(**document["trigger"]) if document["trigger"] else None,
                      params=document["params"])
     fault_class = registry.resolve("fault", spec.kind)
-    return fault_class(spec) if incarnation.is_first or fault_class.arms_at_restart else None
+    first = incarnation.is_first or (config.get("launch_fault") and incarnation.restart == 0)
+    return fault_class(spec) if first or fault_class.arms_at_restart else None
 
 
 class RankPlace:

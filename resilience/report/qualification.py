@@ -12,8 +12,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.case import Case, FaultSpec, ScriptCase
+from ..core.case import Case, FaultSpec
 from ..core.records import CaseResult, Verdict
+from ..core.script_case import ScriptCase
 from ..measure.environment import Environment
 from ..measure.fsprobe import BandwidthProbe
 from ..measure.objprobe import ObjectBandwidthProbe

@@ -38,17 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from ..core import janitor, registry
-from ..core.case import FaultSpec, ScriptCase
+from ..core.case import FaultSpec
 from ..core.directory_cache import DirectoryCache
 from ..core.elastic_layout import LAUNCH_ENV, Incarnation, incarnations_in
 from ..core.events import EventFollower, read_events, tail
 from ..core.paths import PROJECT_ROOT
-from ..disk.crash_states import CrashModel
-from ..disk.state_tree import materialise
+from ..core.script_case import ScriptCase, ScriptLaunch
 from ..errors import HarnessError, NotReproducible, ScenarioError
 from ..faults.environment import CaseEnvironment
 from ..faults.roles import HarnessSide
-from ..faults.write_path.power_loss import trace_dir
 from ..launch.backend import rank_environment
 from ..launch.nodes import Node
 from ..oracle.blackbox import RankLog, judge_logs
@@ -56,11 +54,11 @@ from ..oracle.envelope import Envelope, first_difference
 from ..rank.helper_hook import STARTUP_DIR
 from ..scenario.script_case import check_script_fault
 from . import script_continuation as continuation
-from .blackbox_records import BlackBoxJob, BlackBoxResult, describe
-from .explore import PROFILE_VARIABLE, check_fidelity
+from .blackbox_records import BlackBoxJob, BlackBoxResult, describe, fault_document
 from .intact_probe import probe_older_checkpoint
-from .script_explore import explore_script
+from .script_explore import explore_job
 from .script_launch import check_launcher, start_agents, torchrun_command, waiting_places
+from .script_timeline import run_timeline
 from .supervisor import deadline_after, supervise
 
 __all__ = ["BlackBoxJob", "BlackBoxResult", "describe", "qualify_script", "run_script_case"]
@@ -85,21 +83,19 @@ def run_script_case(case: ScriptCase, *, work_root: Path | None = None, keep: bo
     spec = {f.name: getattr(case.script, f.name) for f in dataclasses.fields(case.script) if f.name != "path"}
     job = BlackBoxJob(script=Path(case.script.path), launch_timeout_s=case.timeouts.phase_s, **spec)
     with janitor.temporary_directory("resilience-blackbox-", work_root, keep) as work_dir:
-        return _BlackBoxRun(job, case.fault, work_dir.resolve(), cache).run()
+        return _BlackBoxRun(job, case.fault, work_dir.resolve(), cache, case.timeline).run()
 
 
 class _BlackBoxRun:
-    def __init__(self, job: BlackBoxJob, fault: FaultSpec, work_dir: Path, cache: DirectoryCache | None = None):
-        self.job, self.work_dir, self.cache = job, work_dir, cache
-        # as the startup hook reads it
-        self.fault = None if fault.kind == "none" else {
-            "kind": fault.kind, "trigger": dataclasses.asdict(fault.trigger) if fault.trigger else None,
-            "params": dict(fault.params)}
+    def __init__(self, job: BlackBoxJob, fault: FaultSpec, work_dir: Path, cache: DirectoryCache | None = None,
+                 timeline: tuple[ScriptLaunch, ...] = ()):
+        self.job, self.work_dir, self.cache, self.timeline = job, work_dir, cache, timeline
+        self.fault = fault_document(fault)
         (work_dir / "tmp").mkdir()
         self.harness_side = registry.resolve("fault", fault.kind)(fault)
         resized = job.restart_nproc_per_node not in (None, job.nproc_per_node)
-        self.rescaled = (f"the restart ran at world size {self._ranks(1)}, the uninterrupted run at "
-                         f"{self._ranks(0)}: the restored step and state are judged, its losses not bitwise"
+        self.rescaled = (f"the restart ran at world size {self.ranks(1)}, the uninterrupted run at "
+                         f"{self.ranks(0)}: the restored step and state are judged, its losses not bitwise"
                          ) if resized else None
 
     def run(self) -> BlackBoxResult:
@@ -107,7 +103,7 @@ class _BlackBoxRun:
             references_dir = self._references(self.work_dir / "reference")
         else:
             references_dir = self.cache.entry(self.reference_key(), self._references)
-        runs = [self._logs(references_dir / f"run{index}", Incarnation(0, 0)) for index in range(self._runs())]
+        runs = [self.logs(references_dir / f"run{index}", Incarnation(0, 0)) for index in range(self._runs())]
         reference, envelope = runs[0], None
         parted = first_difference(runs[0], runs[1]) if len(runs) > 1 else None
         if self.job.oracle == "envelope":
@@ -117,10 +113,12 @@ class _BlackBoxRun:
                                   "(oracle: envelope judges it within the spread of several runs)")
         job_dir = self.work_dir / "job"
         env = CaseEnvironment(case=None, case_dir=job_dir, checkpoint_dir=job_dir / "checkpoints",
-                              script_ranks=self._ranks(0))
+                              script_ranks=self.ranks(0))
         job_dir.mkdir()
         if self.harness_side.explores:  # power_loss: restarts of the script on each crash state
-            return self._explore(job_dir, reference, envelope)
+            return explore_job(self, job_dir, reference, envelope)
+        if self.timeline:
+            return run_timeline(self, job_dir, env, reference, envelope)
         # a second launch is the restart: for its own arguments, or for a repair between the runs
         # and for a lost node, whose agent never comes back: the job is requeued whole, as a scheduler does
         separate = (self.job.restart_args is not None or self.rescaled is not None
@@ -130,21 +128,21 @@ class _BlackBoxRun:
             for launch in (0, 1):
                 args = self.job.args if launch == 0 else (self.job.restart_args or self.job.args)
                 restarts = 0 if separate and launch == 0 else self.job.max_restarts
-                hung = self._launch(job_dir, fault=self.fault, launch=launch, args=args, restarts=restarts)
+                hung = self.launch(job_dir, fault=self.fault, launch=launch, args=args, restarts=restarts)
                 last_launch = launch
                 if hung or self._restart_incarnation(job_dir):
                     break
                 self.harness_side.heal(env)
             restart_incarnation = self._restart_incarnation(job_dir)
-            first = self._logs(job_dir, Incarnation(0, 0))
-            restart = self._logs(job_dir, restart_incarnation) if restart_incarnation else None
+            first = self.logs(job_dir, Incarnation(0, 0))
+            restart = self.logs(job_dir, restart_incarnation) if restart_incarnation else None
             verdict = judge_logs(reference, first, restart, hung, envelope, rescaled=self.rescaled)
             final = max(reference[0].step_losses(), default=0)
             if self.job.continuation_args is not None and restart and not hung \
                     and verdict.restored_step is not None and verdict.restored_step < final:
                 step = verdict.restored_step
                 verdict = judge_logs(reference, first, restart, hung, envelope,
-                                     rescaled=continuation.described(step, self._ranks(0), self._ranks(1)),
+                                     rescaled=continuation.described(step, self.ranks(0), self.ranks(1)),
                                      continuation=self._continuation(step, reference))
             if hung:  # where each rank of the launch that hung waits, from its stack dump
                 verdict = dataclasses.replace(verdict, findings=verdict.findings + waiting_places(job_dir, last_launch))
@@ -161,43 +159,21 @@ class _BlackBoxRun:
                               restart=tuple(restart) if restart is not None else None,
                               restart_incarnation=restart_incarnation, work_dir=self.work_dir)
 
-    def _explore(self, job_dir: Path, reference: list[RankLog], envelope: Envelope | None) -> BlackBoxResult:
-        """The traced first run (it ends once the traced save returned), then `explore_script`."""
-        hung = self._launch(job_dir, fault=self.fault, launch=0, args=self.job.args, restarts=0)
-        first = self._logs(job_dir, Incarnation(0, 0))
-        if hung or not any(log.fault_events for log in first):
-            verdict = judge_logs(reference, first, None, hung, envelope)
-            return BlackBoxResult(verdict, tuple(reference), tuple(first), None, None, self.work_dir)
-        model = CrashModel(trace_dir(job_dir), self._ranks(0), self.fault["trigger"]["step"])
-        check_fidelity(model, job_dir / "checkpoints")
-
-        def restore(files: dict[str, bytes], dirs: set[str], label: str):
-            run_dir = self.work_dir / "crash_states" / label
-            materialise(files, dirs, run_dir / "checkpoints")
-            hung = self._launch(run_dir, fault=None, launch=1, args=self.job.restart_args or self.job.args,
-                                restarts=0)
-            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-            return self._logs(run_dir, Incarnation(1, 0)), hung
-
-        profile = os.environ.get(PROFILE_VARIABLE) or self.fault["params"].get("profile", "ci")
-        verdict, state = explore_script(model, reference, first, restore, profile, envelope, self.rescaled)
-        return BlackBoxResult(verdict, tuple(reference), tuple(first), state.restart, None, self.work_dir)
-
     def _continuation(self, step: int, reference: list[RankLog]) -> list[RankLog]:
         """The rescaled restart's oracle from ``step`` (`run.script_continuation`), cached with the references."""
         build = functools.partial(continuation.run_continuation, job=self.job, step=step,
-                                  world_sizes=(self._ranks(0), self._ranks(1)), launch=self._launch)
+                                  world_sizes=(self.ranks(0), self.ranks(1)), launch=self.launch)
         directory = build(self.work_dir / "continuation") if self.cache is None else \
             self.cache.entry(continuation.continuation_key(self.reference_key(), self.job, step), build)
-        logs = self._logs(directory, Incarnation(1, 0))
+        logs = self.logs(directory, Incarnation(1, 0))
         continuation.check_continuation(self.job, step, reference, logs)
         return logs
 
     def _restart_again(self, job_dir: Path) -> list[RankLog] | None:
         """One more restart without a fault (launch 2), for the intact-checkpoint probe."""
-        if self._launch(job_dir, fault=None, launch=2, args=self.job.restart_args or self.job.args, restarts=0):
+        if self.launch(job_dir, fault=None, launch=2, args=self.job.restart_args or self.job.args, restarts=0):
             return None
-        return self._logs(job_dir, Incarnation(2, 0))  # a launch that started no rank raised (check_launcher)
+        return self.logs(job_dir, Incarnation(2, 0))  # a launch that started no rank raised (check_launcher)
 
     def _runs(self) -> int:
         return max(2, self.job.references) if self.job.oracle == "envelope" else max(1, self.job.references)
@@ -206,8 +182,8 @@ class _BlackBoxRun:
         """The uninterrupted runs, into ``directory``/run0, run1, ...; raises where one did not complete."""
         for index in range(self._runs()):
             run_dir = directory / f"run{index}"
-            hung = self._launch(run_dir, fault=None, launch=0, args=self.job.args, restarts=0)
-            logs = self._logs(run_dir, Incarnation(0, 0))
+            hung = self.launch(run_dir, fault=None, launch=0, args=self.job.args, restarts=0)
+            logs = self.logs(run_dir, Incarnation(0, 0))
             if hung or any(log.errors for log in logs) or not logs or not logs[0].step_losses():
                 raise HarnessError(f"the uninterrupted run of {self.job.script} did not complete (or no optimizer "
                                    "step was seen after a backward); its output:\n"
@@ -234,10 +210,11 @@ class _BlackBoxRun:
                 node: Node | None = None, host: str | None = None) -> list[str]:
         return torchrun_command(self.job, run_dir, args, restarts, self._per_node(launch), node, host)
 
-    def _launch(self, run_dir: Path, fault: dict | None, launch: int, args: tuple[str, ...],
-                restarts: int, stop_after: int | None = None) -> str | None:
+    def launch(self, run_dir: Path, fault: dict | None, launch: int, args: tuple[str, ...], restarts: int,
+               stop_after: int | None = None, side: HarnessSide | None = None) -> str | None:
         """One torchrun launch; the name of the part that hung, or None. ``stop_after``: each rank
-        ends once its save of that step returned."""
+        ends once its save of that step returned. ``side``: a timeline's later launch's own fault,
+        armed as it starts (by default only the first run arms it)."""
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         env = rank_environment()
         env.update(self.job.env)
@@ -246,7 +223,8 @@ class _BlackBoxRun:
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # see the module's docstring
             "PYTHONPATH": os.pathsep.join([str(STARTUP_DIR), env["PYTHONPATH"]]),
             "RESILIENCE_BLACKBOX": json.dumps({"run_dir": str(run_dir), "checkpoint_dir": str(run_dir / "checkpoints"),
-                                               "fault": fault, "project_root": str(PROJECT_ROOT),
+                                               "fault": fault, "launch_fault": side is not None,
+                                               "project_root": str(PROJECT_ROOT),
                                                "stop_after_save": stop_after}),
         })
         def armed() -> list[Path]:  # the armed incarnation's: a restart's ranks must not get its signals
@@ -256,8 +234,9 @@ class _BlackBoxRun:
 
         def watch() -> None:
             self._check_contract(run_dir)
-            if launch == 0 and fault is not None and self.harness_side.supervises_by_signals:  # preempt, stall
-                self.harness_side.supervise(events(), group.rank_handles(self._ranks(launch), armed()))
+            supervisor = side or (self.harness_side if launch == 0 else None)
+            if fault is not None and supervisor is not None and supervisor.supervises_by_signals:  # preempt, stall
+                supervisor.supervise(events(), group.rank_handles(self.ranks(launch), armed()))
 
         commands: list[list[str]] = []  # node 0's first: the command that reproduces a launcher failure
 
@@ -285,15 +264,15 @@ class _BlackBoxRun:
     def _restart_incarnation(self, run_dir: Path) -> Incarnation | None:
         return next((i for i in incarnations_in(run_dir) if not i.is_first), None)
 
-    def _logs(self, run_dir: Path, incarnation: Incarnation) -> list[RankLog]:
+    def logs(self, run_dir: Path, incarnation: Incarnation) -> list[RankLog]:
         directory = run_dir / incarnation.name
         return [RankLog.from_events(rank, read_events(directory / f"rank{rank}.events.jsonl"))
-                for rank in range(self._ranks(incarnation.launch))]
+                for rank in range(self.ranks(incarnation.launch))]
 
     def _per_node(self, launch: int) -> int:
         """A node's ranks in a launch: a later launch is a restart, at its own size where one is given."""
         return self.job.restart_nproc_per_node or self.job.nproc_per_node if launch else self.job.nproc_per_node
 
-    def _ranks(self, launch: int) -> int:
+    def ranks(self, launch: int) -> int:
         """The world size of a launch."""
         return self._per_node(launch) * self.job.nnodes

@@ -2,12 +2,15 @@
 verdict (`BlackBoxResult`), and the verdict in words (`describe`)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from ..core.case import FaultSpec
 from ..core.elastic_layout import Incarnation
 from ..core.records import Verdict
 from ..oracle.blackbox import RankLog
@@ -44,15 +47,25 @@ class BlackBoxResult:
     restart: tuple[RankLog, ...] | None
     restart_incarnation: Incarnation | None
     work_dir: Path
+    later: tuple[tuple[RankLog, ...], ...] = ()  # a timeline's launches after the restart
+
 
     @property
     def fault_fired(self) -> bool:
-        return any(log.fault_events for log in self.first_run + (self.restart or ()))
+        return any(log.fault_events for log in self.first_run + (self.restart or ()) + sum(self.later, ()))
 
     @property
     def reference_losses(self) -> dict[int, float]:
         """Rank 0's losses in the uninterrupted run."""
         return self.reference[0].step_losses()
+
+
+def fault_document(fault: FaultSpec) -> dict[str, Any] | None:
+    """``fault`` as the rank hook reads it from its configuration (None: no fault)."""
+    if fault.kind == "none":
+        return None
+    return {"kind": fault.kind, "trigger": dataclasses.asdict(fault.trigger) if fault.trigger else None,
+            "params": dict(fault.params)}
 
 
 def describe(result: BlackBoxResult) -> str:
@@ -64,7 +77,8 @@ def describe(result: BlackBoxResult) -> str:
     if result.restart_incarnation:
         lines.append(f"restore in {result.restart_incarnation.name} "
                      f"(restart {result.restart_incarnation.restart} of launch {result.restart_incarnation.launch})")
-    fired = [e for log in result.first_run for e in log.fault_events]
+    fired = [e for log in result.first_run + (result.later and result.restart or ()) + sum(result.later, ())
+             for e in log.fault_events]  # a timeline's later launches fire faults of their own
     lines += [f"fault: {json.dumps({k: v for k, v in e.items() if k != 'event'})}" for e in fired]
     return "\n".join(lines)
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from ..core.case import Case, VerdictKind
+from ..core.case import Case
 from ..core.plan import FIRST_RUN
 from ..core.records import CaseResult, PhaseResult, Verdict
 from ..disk.crash_states import CrashModel, CrashPoint
@@ -40,11 +40,11 @@ from ..errors import HarnessError
 from ..faults.write_path.power_loss import trace_dir
 from ..launch.backend import ProcessBackend
 from ..oracle.judge import judge
+from ..oracle.rules import SEVERITY
 from . import availability
 from .crash_restores import CrashRestores
 from .explore_search import search
 
-SEVERITY = {VerdictKind.RECOVERED: 0, VerdictKind.LOUD: 1, VerdictKind.HANG: 2, VerdictKind.SILENT: 3}
 CANARY_EVERY = 10  # one warm-restored state in ten (the last one first) and the reported one: again in fresh ranks
 
 

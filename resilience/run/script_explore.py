@@ -13,18 +13,25 @@ then all of it lost), evenly, the first and the last included, and the verdict s
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from ..core.elastic_layout import Incarnation
 from ..core.records import Verdict
 from ..disk.crash_states import CrashModel, CrashPoint
 from ..disk.enumeration import distinct_states
-from ..disk.state_tree import state_hash
+from ..disk.state_tree import materialise, state_hash
 from ..errors import HarnessError
+from ..faults.write_path.power_loss import trace_dir
 from ..oracle.blackbox import RankLog, judge_logs
 from ..oracle.envelope import Envelope
-from .explore import SEVERITY
+from ..oracle.rules import SEVERITY
+from .blackbox_records import BlackBoxResult
+from .explore import PROFILE_VARIABLE, check_fidelity
 
 SCRIPT_RESTORES = {"ci": 10, "long": 200}  # restarts of the script per power_loss case
 #: restore(files, dirs, label) -> the restart's logs and the part that hung (None: none)
@@ -85,3 +92,27 @@ def explore_script(model: CrashModel, reference: list[RankLog], first_run: list[
     findings = (summary, "worst crash state found:") + tuple(f"  {line}" for line in reported.description)
     verdict = dataclasses.replace(reported.verdict, findings=findings + reported.verdict.findings)
     return verdict, reported
+
+
+def explore_job(run, job_dir: Path, reference: list[RankLog], envelope: Envelope | None) -> BlackBoxResult:
+    """``run`` (`run.blackbox`)'s power loss: the traced first run (it ends once the traced save
+    returned), then `explore_script`."""
+    hung = run.launch(job_dir, fault=run.fault, launch=0, args=run.job.args, restarts=0)
+    first = run.logs(job_dir, Incarnation(0, 0))
+    if hung or not any(log.fault_events for log in first):
+        verdict = judge_logs(reference, first, None, hung, envelope)
+        return BlackBoxResult(verdict, tuple(reference), tuple(first), None, None, run.work_dir)
+    model = CrashModel(trace_dir(job_dir), run.ranks(0), run.fault["trigger"]["step"])
+    check_fidelity(model, job_dir / "checkpoints")
+
+    def restore(files: dict[str, bytes], dirs: set[str], label: str):
+        run_dir = run.work_dir / "crash_states" / label
+        materialise(files, dirs, run_dir / "checkpoints")
+        hung = run.launch(run_dir, fault=None, launch=1, args=run.job.restart_args or run.job.args,
+                            restarts=0)
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        return run.logs(run_dir, Incarnation(1, 0)), hung
+
+    profile = os.environ.get(PROFILE_VARIABLE) or run.fault["params"].get("profile", "ci")
+    verdict, state = explore_script(model, reference, first, restore, profile, envelope, run.rescaled)
+    return BlackBoxResult(verdict, tuple(reference), tuple(first), state.restart, None, run.work_dir)

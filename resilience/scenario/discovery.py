@@ -4,7 +4,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ..core.case import Case, ScriptCase
+from ..core.case import Case
+from ..core.script_case import ScriptCase
 from ..errors import ResilienceError
 from .loader import is_script_file, load_any_file, load_file
 

@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..core.case import Case, Scenario, ScriptCase
+from ..core.case import Case, Scenario
+from ..core.script_case import ScriptCase
 from ..errors import ScenarioError
 from .checks import Problems, Validator, parse_size
 from .matrix import MAX_CASES, expand_cases

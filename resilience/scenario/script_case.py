@@ -5,7 +5,8 @@ known_issue, timeouts, matrix) against what is known of a script before it runs.
     script:
       path: train.py                # relative to the scenario file
       args: [--out, "{checkpoint_dir}"]
-      restart_args: [--out, "{checkpoint_dir}", --resume]   # optional: the restart's own
+      restart_args: [--out, "{checkpoint_dir}", --resume]   # optional: the restart's own (and a
+                                    # timeline's later launches' unless one gives its own args)
       nproc_per_node: 2
       nnodes: 2                     # optional: nodes on this machine, each a network namespace (root)
       restart_nproc_per_node: 1     # optional: the restart at another world size (not judged bitwise)
@@ -14,6 +15,15 @@ known_issue, timeouts, matrix) against what is known of a script before it runs.
       env: {NAME: value}
       oracle: bitwise               # or envelope (a script that is not reproducible), with
       references: 2                 # uninterrupted runs (envelope: 3) and envelope_factor: 2
+
+``timeline`` (in place of ``fault``) relaunches the job several times, each launch from the
+checkpoints of those before it, every one at the first run's size:
+
+    timeline:
+      - fault: {kind: kill, rank: 1, step: 6}      # the first run, with script.args
+      - fault: {kind: kill, rank: 0, step: 6}      # its own 6th step: a script says not which it restored
+        args: [--out, "{checkpoint_dir}", --resume]
+      - {}                                         # the last runs to the end (script.restart_args)
 
 A script offers nothing through the framework's API, so only faults that need nothing from it
 are available (`script_faults`; each fault says why not: ``Fault.script_problem``).
@@ -25,15 +35,18 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..core import registry
-from ..core.case import MICRO_STEP, FaultSpec, ScriptCase, ScriptSpec
+from ..core.case import MICRO_STEP, FaultSpec
+from ..core.script_case import ScriptCase, ScriptLaunch, ScriptSpec
 from .checks import Problems, Validator
 from .matrix import expand_cases
 from .schema import MAX_WORLD_SIZE, TIERS
+from .timeline import MAX_LAUNCHES
 from .validate import check_expectations, check_fault
 
 MAX_NODES = 4  # each a network namespace with an agent of its own, on this machine
 
-SCRIPT_TOP_KEYS = ("name", "description", "tier", "script", "fault", "expect", "known_issue", "timeouts", "matrix")
+SCRIPT_TOP_KEYS = ("name", "description", "tier", "script", "fault", "timeline", "expect", "known_issue", "timeouts",
+                   "matrix")
 SCRIPT_KEYS = ("path", "args", "restart_args", "nproc_per_node", "nnodes", "restart_nproc_per_node",
                "continuation_args", "max_restarts", "env", "oracle", "references", "envelope_factor")
 ORACLES = ("bitwise", "envelope")
@@ -88,8 +101,10 @@ def check_script_case(doc: dict, source: str, case_id: str, where: str, problems
         if doc.get("description") is not None else name
     tier = v.section("tier", v.choice, "tier", doc.get("tier", "full"), TIERS)
     script = v.section("script", check_script, v, doc.get("script"), Path(source).parent)
-    fault = None
-    if script is not None:
+    fault, timeline = None, ()
+    if script is not None and "timeline" in doc:
+        fault, timeline = v.section("timeline", _checked_timeline, v, doc, script) or (None, ())
+    elif script is not None:
         fault = v.section("fault", _checked_fault, v, doc.get("fault", {"kind": "none"}),
                           script.nproc_per_node * script.nnodes, script.nnodes)
     if fault is not None and fault.trigger is not None and script.restart_nproc_per_node is not None \
@@ -100,7 +115,8 @@ def check_script_case(doc: dict, source: str, case_id: str, where: str, problems
     if v.found_any:
         return None
     return ScriptCase(id=case_id or "case", source=source, name=name, description=description, tier=tier,
-                      script=script, fault=fault, expect=expect, known_issue=known_issue, timeouts=timeouts)
+                      script=script, fault=fault, expect=expect, known_issue=known_issue, timeouts=timeouts,
+                      timeline=timeline)
 
 
 def check_script(v: Validator, value: Any, directory: Path) -> ScriptSpec:
@@ -136,6 +152,45 @@ def check_script(v: Validator, value: Any, directory: Path) -> ScriptSpec:
                       restart_nproc_per_node=restart_nproc, continuation_args=continuation,
                       max_restarts=restarts, env={key: str(item) for key, item in env.items()}, oracle=oracle,
                       references=references, envelope_factor=factor)
+
+
+def _checked_timeline(v: Validator, doc: dict, script: ScriptSpec) -> tuple[FaultSpec, tuple[ScriptLaunch, ...]]:
+    """The first run's fault and each later launch of a script's ``timeline``: every launch at the
+    first run's size, each with ``args`` (the first: ``script.args``; later: ``script.restart_args``,
+    else ``script.args``) and a fault that acts from its trigger alone; the last has none."""
+    value = doc["timeline"]
+    if "fault" in doc:
+        raise v.error("fault", "beside a timeline: each launch's fault goes in its entry", doc["fault"],
+                      "timeline.0.fault")
+    for key in ("restart_nproc_per_node", "continuation_args"):
+        if getattr(script, key) is not None:
+            raise v.error(f"script.{key}", "changes the restart's size, and every launch of a script's timeline "
+                          "runs at the first run's", getattr(script, key), "leave it out")
+    if not isinstance(value, list) or not 2 <= len(value) <= MAX_LAUNCHES:
+        raise v.error("timeline", f"must list 2 to {MAX_LAUNCHES} launches of the job, the first run first", value,
+                      "e.g. [{fault: {kind: kill, rank: 1, step: 6}}, {args: [..., --resume]}]")
+    ranks, launches = script.nproc_per_node * script.nnodes, []
+    for index, entry in enumerate(value):
+        where = f"timeline.{index}"
+        # the first run's arguments are script.args, which its reference runs
+        entry = v.mapping(where, entry if entry is not None else {}, ("fault", "args") if index else ("fault",))
+        fault = _checked_fault(v.rerooted({"fault": f"{where}.fault"}), entry.get("fault", {"kind": "none"}), ranks,
+                               script.nnodes)
+        fault_class = registry.resolve("fault", fault.kind)
+        if index and not fault_class.in_timelines:
+            allowed = [name for name in script_faults() if registry.resolve("fault", name).in_timelines]
+            raise v.error(f"{where}.fault.kind", "cannot be armed in a later launch (it needs the first run's setup, "
+                          "heal or findings)", fault.kind, allowed)
+        if not index and fault_class.explores:
+            raise v.error(f"{where}.fault.kind", "explores crash states with restarts of its own", fault.kind,
+                          "a fault without a timeline, or another fault")
+        if index == len(value) - 1 and fault.kind != "none":
+            raise v.error(f"{where}.fault", "the last launch runs the job to its end: it has no fault", fault.kind,
+                          "none (add a launch after it)")
+        default = script.args if not index else script.restart_args or script.args
+        args = _strings(v, f"{where}.args", entry["args"]) if "args" in entry else default
+        launches.append(ScriptLaunch(fault=fault, args=args))
+    return launches[0].fault, tuple(launches[1:])
 
 
 def _refuse(v: Validator, rank: int, ranks: int) -> None:
