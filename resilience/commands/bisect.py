@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..core.case import Case, Software
+from ..core.events import Event
 from ..core.plan import FIRST_RUN, RESTART
 from ..core.records import CaseResult
 from ..errors import ResilienceError, Unavailable
@@ -89,7 +90,7 @@ def one_line(text: str) -> str:
 
 def imported_release(result: CaseResult, name: str, at_restart: bool) -> str | None:
     phase = result.phase(RESTART if at_restart else FIRST_RUN)
-    joined = phase.events("joined") if phase is not None else []
+    joined = phase.events(Event.JOINED) if phase is not None else []
     return joined[0].get("versions", {}).get(name) if joined else None
 
 

@@ -2,6 +2,7 @@
 `read_events`, followed while they grow by `EventFollower`) and the tails of their logs."""
 from __future__ import annotations
 
+import enum
 import json
 import os
 import time
@@ -12,6 +13,46 @@ from typing import Any
 LOG_TAIL_CHARS = 3000
 
 
+class Event(str, enum.Enum):
+    """The kind of a rank event (its ``event`` field): a str, so a record is plain JSON and a
+    kind compares equal to its name as read back."""
+
+    JOINED = "joined"  # a rank of the harness is in its group (its pid, device, software)
+    STARTED = "started"  # a rank of a user's script started (black-box mode)
+    NETWORK_JOINED = "network_joined"  # a rank moved into its network namespace
+    PHASE_BEGIN = "phase_begin"  # a torchrun rank began a phase (its incarnation, node, restarts)
+    RESTORED = "restored"  # the step a restore came back at, with the state's fingerprint
+    STATE = "state"  # the state after a step (the reference's, for the oracle)
+    LOSS = "loss"  # one optimizer step's loss
+    TRAINED = "trained"  # the samples a step trained (the data audit)
+    CHECK_LOSS = "check_loss"  # the loss recomputed from a loaded checkpoint (verify)
+    VERIFIED = "verified"  # a saved check's restore of one step
+    SAVE_BEGIN = "save_begin"
+    SAVE_RETURNED = "save_returned"
+    STOPPED_AFTER_SAVE = "stopped_after_save"  # a rank that ends once its save of a step returned
+    OBSERVED_STEP = "observed_step"  # a script's step as torch's hooks saw it: its loss, its state before
+    STEP_DONE = "step_done"  # a script's state once stepped
+    STATE_AT_EXIT = "state_at_exit"  # a script rank that trained no step: the state it loaded
+    FILE_WRITTEN = "file_written"  # a file closed under the checkpoint directory
+    FILE_READ = "file_read"  # a file a restarted script rank opened before its first backward
+    FOREIGN_READ = "foreign_read"  # a rank read another node's local disk
+    CONTRACT_VIOLATION = "contract_violation"  # a script's log contract line that breaks its rules
+    FAULT_WAITING = "fault_waiting"  # an armed fault waits for its moment (the harness acts then)
+    FAULT_FIRED = "fault_fired"
+    FAULT_MISSED = "fault_missed"  # a fault whose trigger the run never reached
+    WRITE_STALLED = "write_stalled"  # a write held by a fault
+    PREEMPTED = "preempted"  # a rank received the preemption notice
+    TRACE_COMPLETE = "trace_complete"  # a traced save's IO is all recorded (power loss)
+    ERROR = "error"  # an exception that ended the rank
+    DONE = "done"  # the rank finished its phase
+
+    def __str__(self) -> str:  # its name as written, in messages too (as 3.11's StrEnum does)
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return format(str.__str__(self), spec)
+
+
 class EventLog:
     """Append-only JSON lines, flushed per event so a SIGKILL loses nothing already emitted."""
 
@@ -19,7 +60,7 @@ class EventLog:
         self.rank = rank
         self._file = open(path, "a", buffering=1, encoding="utf-8")
 
-    def emit(self, event: str, **fields: Any) -> None:
+    def emit(self, event: Event, **fields: Any) -> None:
         record = {"event": event, "rank": self.rank, "pid": os.getpid(), "time": time.time(), **fields}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()

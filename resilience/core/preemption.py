@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from .events import Event
+
 #: Clock.phase while the worker runs an emergency save (faults may watch its writes)
 EMERGENCY_PHASE = "emergency"
 
@@ -67,12 +69,12 @@ class EmergencySave:
     def stop(self, step: int, save: Callable[[], None] | None) -> NoReturn:
         """Save ``step`` with ``save`` (None: the regular save of this step already returned), then
         end as SIGTERM's default action would have."""
-        self.emit("preempted", step=step, sigterm_at=_received_at, signalled=sigterm_received(),
+        self.emit(Event.PREEMPTED, step=step, sigterm_at=_received_at, signalled=sigterm_received(),
                   emergency_save=save is not None)
         if save is not None:
-            self.emit("save_begin", step=step, emergency=True)
+            self.emit(Event.SAVE_BEGIN, step=step, emergency=True)
             save()
-            self.emit("save_returned", step=step, emergency=True)
+            self.emit(Event.SAVE_RETURNED, step=step, emergency=True)
         sys.stdout.flush()
         sys.stderr.flush()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

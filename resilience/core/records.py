@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .case import Case, VerdictKind
+from .events import Event
 
 
 @dataclass(frozen=True)
@@ -50,15 +51,15 @@ class PhaseResult:
         return [e for record in self.ranks for e in record.events if e["event"] == kind]
 
     def losses(self, rank: int) -> dict[int, float]:
-        return {e["step"]: e["loss"] for e in self.ranks[rank].events if e["event"] == "loss"}
+        return {e["step"]: e["loss"] for e in self.ranks[rank].events if e["event"] == Event.LOSS}
 
     def restored(self) -> dict[int, dict]:
-        return {e["rank"]: e for e in self.events("restored")}
+        return {e["rank"]: e for e in self.events(Event.RESTORED)}
 
     def complete_saves(self) -> list[int]:
         """The steps whose save returned on every rank of this phase, oldest first."""
         saved: dict[int, set[int]] = {}
-        for event in self.events("save_returned"):
+        for event in self.events(Event.SAVE_RETURNED):
             saved.setdefault(event["step"], set()).add(event["rank"])
         return sorted(step for step, ranks in saved.items() if len(ranks) == self.world_size)
 
@@ -66,11 +67,11 @@ class PhaseResult:
         """(restart, replay) of this restoring phase: from the first rank joining the group to the
         last rank restored, then to the last rank's loss at step ``back_at`` (or its last loss
         short of it); None where it never restored."""
-        joined = [e["time"] for e in self.events("joined")]
-        restored = [e["time"] for e in self.events("restored")]
+        joined = [e["time"] for e in self.events(Event.JOINED)]
+        restored = [e["time"] for e in self.events(Event.RESTORED)]
         if not joined or not restored:
             return None
-        replayed = [e["time"] for e in self.events("loss") if restored_step < e["step"] <= back_at]
+        replayed = [e["time"] for e in self.events(Event.LOSS) if restored_step < e["step"] <= back_at]
         return max(restored) - min(joined), max(replayed, default=max(restored)) - max(restored)
 
 
@@ -118,7 +119,7 @@ class CaseResult:
     def fault_missed(self) -> str:
         """Why the fault found nothing to act on, as a rank said it (``fault_missed``), or ""."""
         return next((e.get("reason", "") for p in self.phases for r in p.ranks for e in r.events
-                     if e["event"] == "fault_missed"), "")
+                     if e["event"] == Event.FAULT_MISSED), "")
 
     # -- figures a qualification report shows (derived from the phases' events) ----------------
     def phase(self, name: str) -> PhaseResult | None:
@@ -130,7 +131,7 @@ class CaseResult:
         series: dict[int, float] = {}
         for record in found.ranks if found else ():
             for event in record.events:
-                if event["event"] == "loss":
+                if event["event"] == Event.LOSS:
                     series.setdefault(event["step"], event["loss"])
         return dict(sorted(series.items()))
 
@@ -156,7 +157,7 @@ class CaseResult:
     def restore_s(self) -> float | None:
         """Wall time of the restart's ``strategy.load``: its slowest rank."""
         restart = self.phase("restart")
-        times = [e["load_s"] for e in restart.events("restored") if "load_s" in e] if restart else []
+        times = [e["load_s"] for e in restart.events(Event.RESTORED) if "load_s" in e] if restart else []
         return max(times) if times else None
 
     @property
@@ -167,9 +168,9 @@ class CaseResult:
             return {}
         begun: dict[int, list[float]] = {}
         returned: dict[int, list[float]] = {}
-        for event in first_run.events("save_begin"):
+        for event in first_run.events(Event.SAVE_BEGIN):
             begun.setdefault(event["step"], []).append(event["time"])
-        for event in first_run.events("save_returned"):
+        for event in first_run.events(Event.SAVE_RETURNED):
             returned.setdefault(event["step"], []).append(event["time"])
         return {step: max(returned[step]) - min(begun[step]) for step in sorted(returned)
                 if len(returned[step]) == first_run.world_size and step in begun}

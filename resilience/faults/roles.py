@@ -6,6 +6,7 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..core.events import Event
 from ..disk.interception import STAGING_PREFIX
 from .environment import CaseEnvironment, RankEnvironment
 
@@ -171,4 +172,4 @@ class RankSide:
     def fired(self, **detail: Any) -> None:
         """Put ``fault_fired`` on record in the rank's event log, before the fault acts."""
         clock = self.env.clock
-        self.env.emit("fault_fired", kind=self.spec.kind, step=clock.step, phase=clock.phase, **detail)
+        self.env.emit(Event.FAULT_FIRED, kind=self.spec.kind, step=clock.step, phase=clock.phase, **detail)

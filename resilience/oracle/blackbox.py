@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..core.case import VerdictKind
+from ..core.events import Event
 from ..core.records import RankError, Verdict
 from . import rules
 from .envelope import Envelope
@@ -46,18 +47,19 @@ class RankLog:
 
     @classmethod
     def from_events(cls, rank: int, events: list[dict]) -> RankLog:
-        observed = [e for e in events if e["event"] == "observed_step"]
-        return cls(rank=rank, losses={e["step"]: e["loss"] for e in events if e["event"] == "loss"},
-                   saved=tuple(e["step"] for e in events if e["event"] == "save_returned"),
-                   restored=tuple(e["step"] for e in events if e["event"] == "restored"),
-                   errors=tuple(e for e in events if e["event"] == "error"),
-                   fault_events=tuple(e for e in events if e["event"] == "fault_fired"),
+        observed = [e for e in events if e["event"] == Event.OBSERVED_STEP]
+        return cls(rank=rank, losses={e["step"]: e["loss"] for e in events if e["event"] == Event.LOSS},
+                   saved=tuple(e["step"] for e in events if e["event"] == Event.SAVE_RETURNED),
+                   restored=tuple(e["step"] for e in events if e["event"] == Event.RESTORED),
+                   errors=tuple(e for e in events if e["event"] == Event.ERROR),
+                   fault_events=tuple(e for e in events if e["event"] == Event.FAULT_FIRED),
                    observed={e["step"]: e["loss"] for e in observed},
                    digests={e["step"]: e["digest"] for e in observed},
-                   written=tuple((e["file"], e["step"], e["phase"]) for e in events if e["event"] == "file_written"),
-                   after={e["step"]: e["digest"] for e in events if e["event"] == "step_done"},
-                   read=tuple(e["file"] for e in events if e["event"] == "file_read"),
-                   state_at_exit=next((e["digest"] for e in events if e["event"] == "state_at_exit"), None))
+                   written=tuple((e["file"], e["step"], e["phase"]) for e in events
+                                 if e["event"] == Event.FILE_WRITTEN),
+                   after={e["step"]: e["digest"] for e in events if e["event"] == Event.STEP_DONE},
+                   read=tuple(e["file"] for e in events if e["event"] == Event.FILE_READ),
+                   state_at_exit=next((e["digest"] for e in events if e["event"] == Event.STATE_AT_EXIT), None))
 
     @property
     def uses_contract(self) -> bool:

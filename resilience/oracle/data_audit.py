@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
+from ..core.events import Event
 from ..core.records import PhaseResult
 
 SHOWN = 4  # dataset indices quoted per finding
@@ -24,7 +25,7 @@ def step_samples(phase: PhaseResult) -> dict[int, list[int]] | None:
     by_step: dict[int, dict[int, list[int]]] = {}
     for record in phase.ranks:
         for event in record.events:
-            if event["event"] == "loss":
+            if event["event"] == Event.LOSS:
                 if "samples" not in event:
                     return None
                 by_step.setdefault(event["step"], {})[record.rank] = event["samples"]

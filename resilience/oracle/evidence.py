@@ -9,7 +9,7 @@ import signal
 import time
 from collections.abc import Iterable
 
-from ..core.events import EventFollower, read_events, tail
+from ..core.events import Event, EventFollower, read_events, tail
 from ..core.plan import PhasePlan
 from ..core.records import PhaseResult, RankError, RankRecord
 
@@ -23,7 +23,7 @@ def collect_phase(plan: PhasePlan, status: str, codes: list[int | None], elapsed
         out_path, err_path = plan.log_paths(rank)
         records.append(RankRecord(rank=rank, returncode=code, events=tuple(read_events(plan.events_path(rank))),
                                   stdout_tail=tail(out_path), stderr_tail=tail(err_path)))
-    fault_events = tuple(e for r in records for e in r.events if e["event"] == "fault_fired")
+    fault_events = tuple(e for r in records for e in r.events if e["event"] == Event.FAULT_FIRED)
     first_error = None
     if status == "failed":
         first_error = first_error_of(plan.name, records)
@@ -44,12 +44,12 @@ def first_error_of(phase: str, records: Iterable[RankRecord]) -> RankError | Non
     records = list(records)
     errors = []
     for record in records:
-        raised = [e for e in record.events if e["event"] == "error"]
+        raised = [e for e in record.events if e["event"] == Event.ERROR]
         if raised:
             errors.append(error_from_event(raised[0], phase, record.rank))
         elif record.returncode not in (None, 0) and not any(e.get("ends_process") for e in record.events):
             errors.append(_crash(phase, record))
-    return earliest_unless_killed(errors, [e for r in records for e in r.events if e["event"] == "fault_fired"])
+    return earliest_unless_killed(errors, [e for r in records for e in r.events if e["event"] == Event.FAULT_FIRED])
 
 
 def earliest_unless_killed(errors: list[RankError], fault_events: Iterable[dict]) -> RankError | None:

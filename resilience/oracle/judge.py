@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.case import Case
+from ..core.events import Event
 from ..core.records import Divergence, PhaseResult, RankError, Verdict
 from . import data_audit, rules
 from .saved_check import findings as saved_check_findings
@@ -159,6 +160,6 @@ def expected_state(oracle: PhaseResult | None, rank: int, step: int) -> dict | N
         if record.rank != rank:
             continue
         for event in record.events:
-            if event["event"] in ("restored", "state") and event["step"] == step:
+            if event["event"] in (Event.RESTORED, Event.STATE) and event["step"] == step:
                 return event["fingerprint"]
     return None

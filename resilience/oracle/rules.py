@@ -8,6 +8,7 @@ import re
 from collections.abc import Mapping
 
 from ..core.case import VerdictKind
+from ..core.events import Event
 from ..core.records import Divergence, PhaseResult, RankError
 
 
@@ -139,7 +140,7 @@ def foreign_reads(restart: PhaseResult) -> list[str]:
     directory, logs, anything it wrote beside the checkpoint): SILENT, since a restart on a fresh
     node, or after that directory is gone, could not have read them."""
     by_path: dict[str, list[int]] = {}
-    for event in restart.events("foreign_read"):
+    for event in restart.events(Event.FOREIGN_READ):
         by_path.setdefault(event["path"], []).append(event["rank"])
     return [f"{restart.name}: rank {', '.join(map(str, sorted(set(ranks))))} read {path}, which the first run wrote "
             "outside the checkpoint directory: the checkpoint is not self-contained"

@@ -5,6 +5,7 @@ be restored, or restores another state than the reference's at its step, was los
 written, whatever a later fault does: SILENT, named as such."""
 from __future__ import annotations
 
+from ..core.events import Event
 from ..core.records import PhaseResult
 from . import rules
 
@@ -21,7 +22,7 @@ def findings(check: PhaseResult, steps: tuple[int, ...], reference: PhaseResult,
     if check.status == "deadline":  # a restore that never ends is a HANG, which the judge reports
         return found
     for step in steps:
-        by_rank = {e["rank"]: e for e in check.events("verified") if e["checked"] == step}
+        by_rank = {e["rank"]: e for e in check.events(Event.VERIFIED) if e["checked"] == step}
         if len(by_rank) < check.world_size:
             why = check.first_error.summary() if check.first_error else f"the check phase {check.status}"
             found.append(f"saved check: the step-{step} save returned on every rank, but fresh ranks cannot restore "

@@ -17,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..core.events import Event
 from ..core.log_contract import parse_line
 
 ENV_VAR = "RESILIENCE_BLACKBOX"
@@ -47,7 +48,7 @@ def install(config_text: str) -> None:
     stacks = open(directory / f"rank{rank}.stacks.txt", "w")  # noqa: SIM115
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     events = EventLog(directory / f"rank{rank}.events.jsonl", rank)
-    events.emit("started", launch=incarnation.launch, restart_count=incarnation.restart)
+    events.emit(Event.STARTED, launch=incarnation.launch, restart_count=incarnation.restart)
     # a restarted rank is in its restore from its start until its first backward
     clock = Clock(phase="idle" if incarnation.is_first else "load")
     written = WrittenFiles(events.emit, clock)
@@ -69,7 +70,7 @@ def install(config_text: str) -> None:
         import traceback
 
         place.failed = True
-        events.emit("error", type=kind.__name__, message=str(value)[:4000], chain=exception_chain(value),
+        events.emit(Event.ERROR, type=kind.__name__, message=str(value)[:4000], chain=exception_chain(value),
                     traceback="".join(traceback.format_exception(kind, value, tb))[-8000:])
         previous_hook(kind, value, tb)
 
@@ -117,11 +118,11 @@ class RankPlace:
 
     def save_returned(self, step: int) -> None:
         if step in self.written.save_steps:
-            self.emit("save_returned", step=step)
+            self.emit(Event.SAVE_RETURNED, step=step)
         if self.fault is not None:
             self.fault.after_save(None, step)
         if step == self.stop_after:
-            self.emit("stopped_after_save", step=step)
+            self.emit(Event.STOPPED_AFTER_SAVE, step=step)
             sys.stdout.flush()
             os._exit(0)
 
@@ -131,7 +132,7 @@ class RankPlace:
         if self.failed or self.clock.phase != "save":
             return
         if self.clock.step in self.written.save_steps:
-            self.emit("save_returned", step=self.clock.step)
+            self.emit(Event.SAVE_RETURNED, step=self.clock.step)
         if self.fault is not None and self.fault.after_save_at_exit:
             self.fault.after_save(None, self.clock.step)
 
@@ -157,17 +158,17 @@ class ContractReader:
         try:
             entry = parse_line(line)
         except ValueError as exc:  # the driver stops on it: a typo must not pass for a silent run
-            self._events.emit("contract_violation", message=str(exc))
+            self._events.emit(Event.CONTRACT_VIOLATION, message=str(exc))
             return
         if entry is None:
             return
         if entry.kind == "step":
-            self._events.emit("loss", step=entry.step, loss=entry.loss)
+            self._events.emit(Event.LOSS, step=entry.step, loss=entry.loss)
             self._place.move("save", entry.step)  # its checkpoint comes next, if any
         elif entry.kind == "saved":
-            self._events.emit("save_returned", step=entry.step)
+            self._events.emit(Event.SAVE_RETURNED, step=entry.step)
         else:
-            self._events.emit("restored", step=entry.step)
+            self._events.emit(Event.RESTORED, step=entry.step)
 
     def flush(self) -> None:
         self._stream.flush()

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 
+from ..core.events import Event
+
 
 @dataclass(frozen=True)
 class CheckPlan:
@@ -60,13 +62,13 @@ def run(plan: CheckPlan, rank: int, emit) -> None:
     strategy.load(workload)
     fingerprint = workload.fingerprint()
     local = set(workload.rank_local_keys)
-    emit("restored", step=workload.step, fingerprint=fingerprint,
+    emit(Event.RESTORED, step=workload.step, fingerprint=fingerprint,
          replicated=sorted(k for k in fingerprint if k.split(".", 1)[0].split("[", 1)[0] not in local))
     if plan.step_check:
-        emit("check_loss", recorded=strategy.recorded_check_loss, measured=workload.evaluation_loss())
-        emit("trained", step=workload.step + 1, loss=workload.train_step())
+        emit(Event.CHECK_LOSS, recorded=strategy.recorded_check_loss, measured=workload.evaluation_loss())
+        emit(Event.TRAINED, step=workload.step + 1, loss=workload.train_step())
     dist.barrier()
-    emit("done")
+    emit(Event.DONE)
     dist.destroy_process_group()
 
 

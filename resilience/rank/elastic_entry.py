@@ -30,7 +30,7 @@ from ..core.elastic_layout import (
     TorchrunLayout,
     claim_incarnation,
 )
-from ..core.events import EventLog
+from ..core.events import Event, EventLog
 from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
 from .worker import die_with_parent, redirect_output, report_failure
 
@@ -101,7 +101,8 @@ def _rank(layout: TorchrunLayout, incarnation: Incarnation, rank: int) -> int:
         for plan in plans:
             _enter(plan, rank)
             events = EventLog(plan.events_path(rank), rank)
-            events.emit("phase_begin", phase=plan.name, launch=incarnation.launch, restart_count=incarnation.restart,
+            events.emit(Event.PHASE_BEGIN, phase=plan.name, launch=incarnation.launch,
+                        restart_count=incarnation.restart,
                         agent_restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
                         node=os.environ.get(NODE_ENV), group_rank=int(os.environ.get("GROUP_RANK", "0")),
                         local_rank=int(os.environ.get("LOCAL_RANK", rank)), device=placement.device,

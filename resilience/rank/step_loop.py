@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..core.events import Event
 from ..core.plan import PhasePlan
 from ..strategies.base import CheckpointStrategy, TrainingObserver
 from ..workloads.base import Workload
@@ -30,7 +31,7 @@ class HarnessObserver(TrainingObserver):
 
         self.clock.phase = "idle"
         load_s = time.monotonic() - self.load_started if self.load_started is not None else 0.0
-        self.emit("restored", step=workload.step, fingerprint=workload.fingerprint(), load_s=load_s)
+        self.emit(Event.RESTORED, step=workload.step, fingerprint=workload.fingerprint(), load_s=load_s)
         if self.start == "strategy":
             self.saved_step = workload.step
         if self.plan.record_states and self.snapshots is not None and self.start == "fresh":
@@ -48,9 +49,9 @@ class HarnessObserver(TrainingObserver):
     def after_step(self, workload: Workload, step: int, loss: float) -> None:
         self.clock.phase = "idle"
         samples = workload.consumed_samples()  # the data audit: what the step's batch held
-        self.emit("loss", step=step, loss=loss, **({"samples": samples} if samples is not None else {}))
+        self.emit(Event.LOSS, step=step, loss=loss, **({"samples": samples} if samples is not None else {}))
         if self.plan.record_states:  # every step: an emergency save (on SIGTERM) may restore any of them
-            self.emit("state", step=step, fingerprint=workload.fingerprint())
+            self.emit(Event.STATE, step=step, fingerprint=workload.fingerprint())
 
     def snapshot_due(self, step: int) -> bool:
         return self.plan.record_states and self.snapshots is not None and step % self.checkpoint_every == 0
@@ -60,13 +61,13 @@ class HarnessObserver(TrainingObserver):
 
     def before_save(self, step: int) -> None:
         self.clock.phase, self.clock.save_step = "save", step
-        self.emit("save_begin", step=step)
+        self.emit(Event.SAVE_BEGIN, step=step)
         if self.fault:
             self.fault.at("save", step)
 
     def after_save(self, step: int) -> None:
         self.clock.phase = "idle"
-        self.emit("save_returned", step=step)
+        self.emit(Event.SAVE_RETURNED, step=step)
         if self.fault:
             self.fault.after_save(self.strategy, step)
         self.saved_step = step

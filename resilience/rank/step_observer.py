@@ -36,6 +36,7 @@ import random
 import sys
 from typing import Any, Callable
 
+from ..core.events import Event
 from ..faults.listeners import ReadListener, WriteListener
 
 
@@ -126,7 +127,7 @@ class StepObserver:
     def exiting(self) -> None:
         """At a normal exit: the state a rank that trained no step restored (the last optimizer it loaded)."""
         if not self.steps and self.loaded:
-            self.emit("state_at_exit", digest=state_digest(self.loaded[-1], rng=False))
+            self.emit(Event.STATE_AT_EXIT, digest=state_digest(self.loaded[-1], rng=False))
 
     def _before_backward(self, tensors: Any) -> None:
         import torch
@@ -147,7 +148,7 @@ class StepObserver:
         self.steps += 1
         self.at_boundary = True
         self.loaded.clear()  # its digests say what was restored from now on
-        self.emit("observed_step", step=self.steps, loss=sum(self.micro_losses), micro_losses=self.micro_losses,
+        self.emit(Event.OBSERVED_STEP, step=self.steps, loss=sum(self.micro_losses), micro_losses=self.micro_losses,
                   digest=state_digest(optimizer))
         self.micro_losses = []
 
@@ -155,7 +156,7 @@ class StepObserver:
         if not self.at_boundary:
             return
         # the state a save of this step holds: what a restart's first step must start from
-        self.emit("step_done", step=self.steps, digest=state_digest(optimizer, rng=False))
+        self.emit(Event.STEP_DONE, step=self.steps, digest=state_digest(optimizer, rng=False))
         self.at_boundary = self.training = False
         self.on_phase("save", self.steps)
 
@@ -172,7 +173,7 @@ class WrittenFiles(WriteListener):
     def on_open(self, file) -> None:
         if self.clock.phase == "save":
             self.save_steps.add(self.clock.step)
-        self.emit("file_written", file=file.relative, step=self.clock.step, phase=self.clock.phase)
+        self.emit(Event.FILE_WRITTEN, file=file.relative, step=self.clock.step, phase=self.clock.phase)
 
 
 class ReadFiles(ReadListener):
@@ -190,4 +191,4 @@ class ReadFiles(ReadListener):
 
     def on_open_read(self, path, relative: str) -> None:
         self.seen.add(relative)
-        self.emit("file_read", file=relative)
+        self.emit(Event.FILE_READ, file=relative)

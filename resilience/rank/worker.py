@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ..core.events import EventLog
+from ..core.events import Event, EventLog
 from ..core.plan import RESTART, RESTORING_STARTS, PhasePlan
 
 PR_SET_PDEATHSIG = 1
@@ -87,7 +87,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
         dist.init_process_group(for_rank(rank).backend, store=store, rank=rank, world_size=plan.world_size,
                                 timeout=timedelta(seconds=plan.collective_timeout_s))
     layered = case.software.package_names + case.restart_software.package_names
-    events.emit("joined", world_size=plan.world_size, versions=_versions(layered), node=topology.node_of(rank),
+    events.emit(Event.JOINED, world_size=plan.world_size, versions=_versions(layered), node=topology.node_of(rank),
                 local_rank=topology.local_rank(rank), backend=dist.get_backend(), device=rank_device())
     context = StrategyContext(checkpoint_dir=checkpoint_dir, rank=rank, world_size=plan.world_size,
                               previous_rank=plan.rank_map[rank] if plan.start in RESTORING_STARTS else None,
@@ -109,7 +109,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
     if plan.start == "verify":  # no training: each save restored as a restart would, and reported
         for step in plan.verify_steps:
             strategy.load_step(workload, step)
-            events.emit("verified", step=workload.step, checked=step, fingerprint=workload.fingerprint())
+            events.emit(Event.VERIFIED, step=workload.step, checked=step, fingerprint=workload.fingerprint())
     elif strategy.drives_training:  # the library's own loop restores, trains and saves
         strategy.train(workload, observer)
     else:
@@ -124,7 +124,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
         train_with_harness_loop(workload, strategy, observer, emergency)
     workload.close()
     dist.barrier()
-    events.emit("done", step=workload.step, peak_rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    events.emit(Event.DONE, step=workload.step, peak_rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     if owns_group:
         dist.destroy_process_group()
 
@@ -205,7 +205,7 @@ def main(argv: list[str]) -> int:
 
 def report_failure(events: EventLog, exc: BaseException) -> None:
     """The rank's error as the verdict's evidence (event log) and for people (stderr)."""
-    events.emit("error", type=type(exc).__name__, message=str(exc)[:4000], chain=exception_chain(exc),
+    events.emit(Event.ERROR, type=type(exc).__name__, message=str(exc)[:4000], chain=exception_chain(exc),
                 traceback=traceback.format_exc()[-8000:])
     traceback.print_exc()
     sys.stderr.flush()

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..core.events import Event
+
 WORK_DIR = "work"
 
 
@@ -47,7 +49,7 @@ class _Watch:
             if path in cls.seen or not any(path == p or path.startswith(p + os.sep) for p in cls.prefixes):
                 return
             cls.seen.add(path)
-            cls.emit("foreign_read", path=path, how=event)
+            cls.emit(Event.FOREIGN_READ, path=path, how=event)
         except Exception:  # noqa: BLE001 -- a hook that raises would fail the open it watches
             return
 

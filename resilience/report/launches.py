@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.events import Event
 from ..core.plan import FIRST_RUN, REFERENCE, launch_name
 from ..core.records import CaseResult, PhaseResult
 
@@ -41,13 +42,13 @@ def launches(result: CaseResult) -> list[PhaseResult]:
 
 
 def last_trained(phase: PhaseResult) -> int:
-    return max((e["step"] for e in phase.events("loss")), default=0)
+    return max((e["step"] for e in phase.events(Event.LOSS)), default=0)
 
 
 def training_s(phase: PhaseResult) -> float | None:
     """First rank joined to the last loss any rank logged (start-up and restore included)."""
-    joined = [e["time"] for e in phase.events("joined")]
-    losses = [e["time"] for e in phase.events("loss")]
+    joined = [e["time"] for e in phase.events(Event.JOINED)]
+    losses = [e["time"] for e in phase.events(Event.LOSS)]
     return max(losses) - min(joined) if joined and losses else None
 
 

@@ -41,7 +41,7 @@ from ..core import janitor, registry
 from ..core.case import FaultSpec
 from ..core.directory_cache import DirectoryCache
 from ..core.elastic_layout import LAUNCH_ENV, Incarnation, incarnations_in
-from ..core.events import EventFollower, read_events, tail
+from ..core.events import Event, EventFollower, read_events, tail
 from ..core.paths import PROJECT_ROOT
 from ..core.script_case import ScriptCase, ScriptLaunch
 from ..errors import HarnessError, NotReproducible, ScenarioError
@@ -251,14 +251,14 @@ class _BlackBoxRun:
         # a node the fault took down took its agent, and node 0 the rendezvous: the others' rendezvous
         # errors are the fault's doing
         node_lost = self.harness_side.acts_in_its_node and any(
-            e["event"] == "fault_fired" for path in armed() for e in read_events(path))
+            e["event"] == Event.FAULT_FIRED for path in armed() for e in read_events(path))
         check_launcher(self.job, run_dir, launch, commands[0], failed=end.status != "completed" and not node_lost)
         return f"launch {launch} of {run_dir.name}" if end.status == "deadline" else None
 
     def _check_contract(self, run_dir: Path) -> None:
         for path in run_dir.glob("launch*/rank*.events.jsonl"):
             for event in read_events(path):
-                if event["event"] == "contract_violation":
+                if event["event"] == Event.CONTRACT_VIOLATION:
                     raise HarnessError(f"{self.job.script}: {event['message']}")
 
     def _restart_incarnation(self, run_dir: Path) -> Incarnation | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..core import registry
 from ..core.case import Case
+from ..core.events import Event
 from ..core.plan import FALLBACK, RESTART
 from ..core.records import PhaseResult
 from ..disk.state_tree import materialise, remove_tree
@@ -61,7 +62,7 @@ class CrashRestores:
                        checkpoint_dir=str(state_dir))
         try:
             result = warm(plan)
-            if result is not None and len({e["rank"] for e in result.events("joined")}) < plan.world_size:
+            if result is not None and len({e["rank"] for e in result.events(Event.JOINED)}) < plan.world_size:
                 # the warm group never formed (a rendezvous that timed out on a loaded machine): no
                 # evidence about the strategy, which never ran; fresh ranks restore the state instead
                 self.regrouped += 1

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from ..core.case import Case, VerdictKind
 from ..core.elastic_layout import Incarnation, TorchrunLayout
-from ..core.events import read_events
+from ..core.events import Event, read_events
 from ..core.plan import RESTART
 from ..core.records import PhaseResult, Verdict
 from ..oracle.judge import judge
@@ -35,7 +35,7 @@ def superseded(layout: TorchrunLayout, incarnation: Incarnation) -> bool:
         return False
     events = [e for rank in range(size)
               for e in read_events(layout.phase_dir(incarnation, RESTART) / f"rank{rank}.events.jsonl")]
-    return not any(e["event"] in ("restored", "error") for e in events)
+    return not any(e["event"] in (Event.RESTORED, Event.ERROR) for e in events)
 
 
 def judge_job(case: Case, phases: list[PhaseResult], continuation: list[PhaseResult], found: tuple[str, ...],

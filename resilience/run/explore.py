@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..core.case import Case
+from ..core.events import Event
 from ..core.plan import FIRST_RUN
 from ..core.records import CaseResult, PhaseResult, Verdict
 from ..disk.crash_states import CrashModel, CrashPoint
@@ -266,7 +267,7 @@ def _as_of(first_run: PhaseResult, point: CrashPoint, model: CrashModel) -> Phas
     returned = model.returned(point)
     records = tuple(replace(record, events=tuple(
         event for event in record.events
-        if not (event["event"] == "save_returned" and event["step"] == model.step and record.rank not in returned)))
+        if not (event["event"] == Event.SAVE_RETURNED and event["step"] == model.step and record.rank not in returned)))
         for record in first_run.ranks)
     return replace(first_run, ranks=records)
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..core.elastic_layout import Incarnation
-from ..core.events import read_events, tail
+from ..core.events import Event, read_events, tail
 from ..errors import HarnessError, ScenarioError
 from ..oracle.blackbox import RankLog, restored_steps
 from .blackbox_records import BlackBoxJob
@@ -51,7 +51,7 @@ def run_continuation(directory: Path, job: BlackBoxJob, step: int, world_sizes: 
     hung = launch(directory, None, 0, job.args, 0, step)
     first = directory / Incarnation(0, 0).name
     stopped = [rank for rank in range(world_sizes[0])
-               if any(e["event"] == "stopped_after_save" for e in read_events(first / f"rank{rank}.events.jsonl"))]
+               if any(e["event"] == Event.STOPPED_AFTER_SAVE for e in read_events(first / f"rank{rank}.events.jsonl"))]
     if hung or len(stopped) != world_sizes[0]:
         raise HarnessError(f"the continuation of {job.script}: an uninterrupted run did not end after its save of step "
                            f"{step} on every rank (ended so: ranks {stopped}); its output:\n"
@@ -59,7 +59,7 @@ def run_continuation(directory: Path, job: BlackBoxJob, step: int, world_sizes: 
     hung = launch(directory, None, 1, job.continuation_args, 0, None)
     resumed = directory / Incarnation(1, 0).name
     failed = [rank for rank in range(world_sizes[1])
-              if any(e["event"] == "error" for e in read_events(resumed / f"rank{rank}.events.jsonl"))]
+              if any(e["event"] == Event.ERROR for e in read_events(resumed / f"rank{rank}.events.jsonl"))]
     if hung or failed:
         raise HarnessError(f"the continuation of {job.script} (script.continuation_args at world size "
                            f"{world_sizes[1]} from an uninterrupted run's save of step {step}) did not "

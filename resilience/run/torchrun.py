@@ -28,7 +28,7 @@ from pathlib import Path
 from ..core import janitor, registry
 from ..core.case import Case
 from ..core.elastic_layout import LAUNCH_ENV, Incarnation, TorchrunLayout
-from ..core.events import EventFollower, read_events, tail
+from ..core.events import Event, EventFollower, read_events, tail
 from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
 from ..core.records import CaseResult, PhaseResult
 from ..core.topology import NODE_LOCAL
@@ -208,7 +208,7 @@ class _Driver:
         (torchrun's start and rendezvous get ``startup_s`` on top)."""
         marks = [(event["time"], incarnation, phase) for incarnation in self.layout.incarnations()
                  if incarnation.launch == launch for phase in (REFERENCE, FIRST_RUN, RESTART)
-                 for event in self._events(incarnation, phase, "phase_begin")]
+                 for event in self._events(incarnation, phase, Event.PHASE_BEGIN)]
         now = time.time()
         began = max([launch_started + self.options.startup_s] + [mark[0] for mark in marks])
         if now <= began + self.case.timeouts.phase_s:
@@ -276,7 +276,7 @@ class _Driver:
         """0 once the rank finished the phase; otherwise how its process ended (None: torn down by
         the agent or the driver, or never started)."""
         plan_events = read_events(self.layout.phase_dir(incarnation, phase) / f"rank{rank}.events.jsonl")
-        if any(e["event"] == "done" for e in plan_events):
+        if any(e["event"] == Event.DONE for e in plan_events):
             return 0
         outcome = self.layout.read_outcome(incarnation, rank)
         if outcome is None or outcome["torn_down_by"]:

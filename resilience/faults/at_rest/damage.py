@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ...core.confined import resolve_under
+from ...core.events import Event
 from ...disk.trace_targets import is_selector, parse_target
 from ..base import Fault, WriteListener
 from .traced import SaveTracer
@@ -131,7 +132,7 @@ class DamageAfterSave(Fault, WriteListener):
                 acted = True
                 self.fired(point="returned", files=targets, ends_process=self.stops_job, **detail)
             else:
-                self.env.emit("fault_missed", kind=self.spec.kind, file=self.trigger.file, reason=self.missed())
+                self.env.emit(Event.FAULT_MISSED, kind=self.spec.kind, file=self.trigger.file, reason=self.missed())
         dist.barrier()  # the damage is done before anyone goes on
         if acted and self.stops_job:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...core.events import Event
 from ...core.plan import RESTART
 from ...disk.trace_targets import is_selector
 from ..base import CaseEnvironment
@@ -109,13 +110,13 @@ MTIME_TICK_S = 0.05
 def when(ran_at: float, phases: tuple[PhaseResult, ...]) -> str:
     """The part of the case during which a payload ran, from the canary's time and the restart's events."""
     restart = next((phase for phase in phases if phase.name == RESTART), None)
-    joined = [event["time"] for event in restart.events("joined")] if restart else []
+    joined = [event["time"] for event in restart.events(Event.JOINED)] if restart else []
     # a file's mtime comes from the kernel's coarse clock, up to a tick (4-10 ms) behind time.time():
     # a payload run a few ms after the rank joined can carry an mtime before it, while the first
     # run ended seconds earlier
     if not joined or ran_at < min(joined) - MTIME_TICK_S:
         return "the first run (before the restart began)"
-    restored = [event["time"] for event in restart.events("restored")]
+    restored = [event["time"] for event in restart.events(Event.RESTORED)]
     if not restored or ran_at <= max(restored):
         return "the restart's restore"
     return "the restart, after its restore"

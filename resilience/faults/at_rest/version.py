@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.capabilities import Capability
+from ...core.events import Event
 from ...disk.trace_targets import TraceTarget
 from ..base import Fault, WriteListener
 from .traced import SaveTracer
@@ -69,7 +70,7 @@ class VersionMismatch(Fault, WriteListener):
         dist.all_reduce(count)
         if not int(count):
             if self.on_trigger_rank():
-                self.env.emit("fault_missed", kind=self.kind, reason=f"no file of the step-{step} save carries a "
+                self.env.emit(Event.FAULT_MISSED, kind=self.kind, reason=f"no file of the step-{step} save carries a "
                               "version field (a key naming a version in a saved mapping) and the strategy "
                               "rewrites no version stamp")
             return

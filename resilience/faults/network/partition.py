@@ -47,6 +47,7 @@ import time
 from typing import Any, ClassVar
 
 from ...core.elastic_layout import NODE_ENV, NODE_NAMESPACE_ENV
+from ...core.events import Event
 from ...errors import NetworkError
 from ..base import CaseEnvironment, Fault, FaultUnavailable, RankEnvironment
 from .netns import BRIDGE, IFNAME, SUBNET, NamespaceWiring, join_namespace, remove_stale_namespaces, run_command
@@ -125,7 +126,7 @@ class NetworkFault(Fault):
 
     def supervise(self, events: list[dict], ranks: list) -> None:
         if self.applied_at is None:
-            if any(e["event"] == "fault_fired" and e["rank"] == self.trigger.rank for e in events):
+            if any(e["event"] == Event.FAULT_FIRED and e["rank"] == self.trigger.rank for e in events):
                 if self.node_link is not None and not ranks[self.trigger.rank].is_ours:
                     return  # another node's driver cuts that node off
                 for link in self._links():
@@ -198,7 +199,7 @@ class NetworkFault(Fault):
         os.environ["GLOO_SOCKET_IFNAME"] = me["ifname"]  # read when the process group is created
         if "MASTER_ADDR" in os.environ:  # a launcher's env:// rendezvous: rank 0 serves it in its namespace
             os.environ["MASTER_ADDR"] = wiring[0]["address"]
-        env.emit("network_joined", namespace=me["namespace"], ifname=me["ifname"], address=me["address"])
+        env.emit(Event.NETWORK_JOINED, namespace=me["namespace"], ifname=me["ifname"], address=me["address"])
 
     def at(self, phase: str, step: int) -> None:
         if not self.in_trigger_window():

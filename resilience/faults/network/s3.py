@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ...core.case import FaultSpec
-from ...core.events import EventLog, read_events
+from ...core.events import Event, EventLog, read_events
 from ...core.plan import FIRST_RUN, events_file
 from ...objectstore.proxy import ACTIONS, METHODS, ProxyRule, Request
 from ..base import CaseEnvironment, Fault
@@ -98,7 +98,7 @@ class ObjectStoreFault(Fault):
         path = events_file(self.case_dir / FIRST_RUN, process.rank)
         step, phase = where_rank_is(read_events(path))
         log = EventLog(path, process.rank)
-        log.emit("fault_fired", kind=self.kind, step=step, phase=phase, point=rule.action, file=request.key,
+        log.emit(Event.FAULT_FIRED, kind=self.kind, step=step, phase=phase, point=rule.action, file=request.key,
                  offset=rule.after_bytes, method=request.method, query=request.query,
                  copy_source=request.copy_source, pid=pid, ends_process=rule.action == "kill")
         log.close()
@@ -115,8 +115,8 @@ def where_rank_is(events: list[dict]) -> tuple[int, str]:
     has not returned from ("save"), otherwise after its last train step ("train")."""
     step, phase = 0, "train"
     for event in events:
-        if event["event"] == "save_begin":
+        if event["event"] == Event.SAVE_BEGIN:
             step, phase = event["step"], "save"
-        elif event["event"] in ("save_returned", "loss"):
-            step, phase = event["step"], "train" if event["event"] == "loss" else "idle"
+        elif event["event"] in (Event.SAVE_RETURNED, Event.LOSS):
+            step, phase = event["step"], "train" if event["event"] == Event.LOSS else "idle"
     return step, phase

@@ -12,6 +12,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from ...core.case import MICRO_STEP
+from ...core.events import Event
 from ...disk.interception import InterceptedFile
 from ..base import Fault, WriteListener
 
@@ -120,7 +121,7 @@ class Kill(Fault, WriteListener):
         if self.spec.params.get("once_written") and self._awaited is None:
             self._awaited = self._await_written() or ""
             if not self._awaited:
-                self.env.emit("fault_waiting", kind=self.spec.kind, gave_up_after_s=AWAIT_S,
+                self.env.emit(Event.FAULT_WAITING, kind=self.spec.kind, gave_up_after_s=AWAIT_S,
                               once_written=self.spec.params["once_written"])
         return self._awaited != ""
 

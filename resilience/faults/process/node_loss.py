@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ...core.elastic_layout import NODE_NAMESPACE_ENV
+from ...core.events import Event
 from ...core.janitor import signal_process, stop_all
 from ...core.topology import NODE_LOCAL
 from ...errors import ScenarioError
@@ -66,7 +67,7 @@ class NodeLoss(Kill):
                                 f"is not the node's to lose)", "lost", "kept; lost with topology.storage node_local")
 
     def supervise(self, events: list[dict], ranks: list) -> None:
-        if self.lost_ranks or not any(e["event"] == "fault_fired" and e["rank"] == self.trigger.rank
+        if self.lost_ranks or not any(e["event"] == Event.FAULT_FIRED and e["rank"] == self.trigger.rank
                                       for e in events):
             return
         node = self.placement.node_of(self.trigger.rank)

@@ -17,6 +17,7 @@ import signal
 import time
 from typing import Any, ClassVar
 
+from ...core.events import Event
 from ...core.preemption import EMERGENCY_PHASE, sigterm_received
 from ...disk.interception import InterceptedFile
 from ..base import Fault, WriteListener
@@ -43,7 +44,7 @@ class Preempt(Fault, WriteListener):
     # -- harness side -------------------------------------------------------------------------
     def supervise(self, events: list[dict], ranks: list) -> None:
         if self.terminated_at is None:
-            if any(e["event"] == "fault_fired" and e["rank"] == self.trigger.rank for e in events):
+            if any(e["event"] == Event.FAULT_FIRED and e["rank"] == self.trigger.rank for e in events):
                 self.signalled = (list(range(len(ranks))) if self.spec.params["ranks"] == "all"
                                   else [self.trigger.rank])
                 self.terminated_at = time.time()
@@ -81,6 +82,6 @@ class Preempt(Fault, WriteListener):
         if keep > 0:
             file.write_through(data[:keep] if isinstance(data, str) else memoryview(data).cast("B")[:keep])
         file.flush_to_os()
-        self.env.emit("write_stalled", file=file.relative, offset=file.offset)
+        self.env.emit(Event.WRITE_STALLED, file=file.relative, offset=file.offset)
         while True:  # the grace period ends first: the harness's SIGKILL
             time.sleep(1)

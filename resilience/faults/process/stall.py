@@ -16,6 +16,7 @@ import os
 import signal
 import time
 
+from ...core.events import Event
 from ..base import Fault
 
 
@@ -52,7 +53,7 @@ class Stall(Fault):
     # -- harness side -------------------------------------------------------------------------
     def supervise(self, events: list[dict], ranks: list) -> None:
         for event in events:
-            if event["event"] != "fault_fired" or event["rank"] in self.resumed:
+            if event["event"] != Event.FAULT_FIRED or event["rank"] in self.resumed:
                 continue
             rank = ranks[event["rank"]]
             if self.spec.params.get("scope") == "node" and not self.node_stopped and rank.is_stopped():

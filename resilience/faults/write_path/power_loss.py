@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ...core.events import Event
 from ...disk.collective_hooks import CollectiveHooks
 from ...disk.interception import InterceptedFile
 from ...disk.io_trace import NamespaceHooks, TraceWriter
@@ -98,7 +99,7 @@ class PowerLoss(Fault, WriteListener):
         self._record("returned")
         self.writer.flush()
         if step == self.trigger.step:
-            self.env.emit("trace_complete", step=step)
+            self.env.emit(Event.TRACE_COMPLETE, step=step)
             self.writer.close()
             os._exit(0)  # the explorer needs nothing after this save; peers finish theirs on their own
 
