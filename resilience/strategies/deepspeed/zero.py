@@ -150,6 +150,15 @@ class ZeroCheckpoint(CheckpointStrategy):
             changed.append(path.relative_to(root).as_posix())
         return changed
 
+    def finish(self, workload: Workload) -> None:
+        """A job with the decoupled writer ends as DeepSpeed ends one: ``engine.destroy()`` commits the
+        last save and joins the writer (DeepSpeed 0.19.8 ``runtime/engine.py:1262-1264`` ->
+        ``DecoupledCheckpointEngine.cleanup``). Without it the rank's exit raced its writer still
+        receiving the last state: an ``EOFError`` in the writer, or the save silently never committed."""
+        checkpoint_engine = getattr(self.workload.engine, "checkpoint_engine", None)
+        if checkpoint_engine is not None and checkpoint_engine.is_decoupled():
+            self.workload.engine.destroy()
+
     def load(self, workload: Workload) -> None:
         load_dir = self.context.checkpoint_dir
         if self.restore == "universal":
