@@ -155,8 +155,9 @@ class ZeroCheckpoint(CheckpointStrategy):
         last save and joins the writer (DeepSpeed 0.19.8 ``runtime/engine.py:1262-1264`` ->
         ``DecoupledCheckpointEngine.cleanup``). Without it the rank's exit raced its writer still
         receiving the last state: an ``EOFError`` in the writer, or the save silently never committed."""
+        # only the saving writer: a restart may run a DeepSpeed release older than is_decoupled (0.16.0)
         checkpoint_engine = getattr(self.workload.engine, "checkpoint_engine", None)
-        if checkpoint_engine is not None and checkpoint_engine.is_decoupled():
+        if self.writer == "decoupled" and getattr(checkpoint_engine, "is_decoupled", lambda: False)():
             self.workload.engine.destroy()
 
     def load(self, workload: Workload) -> None:
