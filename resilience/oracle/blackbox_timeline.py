@@ -49,7 +49,5 @@ def merged(launches: list[list[RankLog]]) -> list[RankLog]:
 
 
 def _union(mappings) -> dict:
-    union: dict = {}
-    for mapping in mappings:
-        union.update(mapping)
-    return union
+    """One mapping of all, a later one's value where two hold a key."""
+    return {key: value for mapping in mappings for key, value in mapping.items()}

@@ -49,10 +49,14 @@ class BlackBoxResult:
     work_dir: Path
     later: tuple[tuple[RankLog, ...], ...] = ()  # a timeline's launches after the restart
 
-
     @property
     def fault_fired(self) -> bool:
         return any(log.fault_events for log in self.first_run + (self.restart or ()) + sum(self.later, ()))
+
+    @property
+    def timeline_logs(self) -> tuple[RankLog, ...]:
+        """Every rank's log of a timeline's launches after the first run (none without a timeline)."""
+        return (self.restart or ()) + sum(self.later, ()) if self.later else ()
 
     @property
     def reference_losses(self) -> dict[int, float]:
@@ -77,8 +81,8 @@ def describe(result: BlackBoxResult) -> str:
     if result.restart_incarnation:
         lines.append(f"restore in {result.restart_incarnation.name} "
                      f"(restart {result.restart_incarnation.restart} of launch {result.restart_incarnation.launch})")
-    fired = [e for log in result.first_run + (result.later and result.restart or ()) + sum(result.later, ())
-             for e in log.fault_events]  # a timeline's later launches fire faults of their own
+    # a timeline's later launches fire faults of their own
+    fired = [e for log in result.first_run + result.timeline_logs for e in log.fault_events]
     lines += [f"fault: {json.dumps({k: v for k, v in e.items() if k != 'event'})}" for e in fired]
     return "\n".join(lines)
 
