@@ -47,6 +47,7 @@ class PhasePlan:
     # start "verify": the checkpoint steps to restore one after the other with load_step, each
     # reported (a ``verified`` event), no training: saves checked where they were made
     verify_steps: tuple[int, ...] = ()
+    node_agents: str | None = None  # the root of the case's node agents (`resilience.core.node_agents`)
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=1))

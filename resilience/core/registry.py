@@ -22,6 +22,7 @@ STRATEGIES = {
     "accelerate": "resilience.strategies.accelerate.strategy:AccelerateCheckpoint",
     "hf_trainer": "resilience.strategies.transformers.strategy:TrainerCheckpoint",
     "torchtitan": "resilience.strategies.torchtitan.strategy:TorchtitanCheckpoint",
+    "dlrover_flash": "resilience.strategies.dlrover.flash:FlashCheckpoint",
 }
 FAULTS = {
     "none": "resilience.faults.noop:NoFault",
@@ -54,7 +55,8 @@ FAULTS = {
 }
 #: the stack packages: each declares its libraries in ``STACK`` (`resilience.strategies.stack.Stack`)
 STACKS = tuple(f"resilience.strategies.{name}"
-               for name in ("torch", "deepspeed", "megatron", "lightning", "accelerate", "transformers", "torchtitan"))
+               for name in ("torch", "deepspeed", "megatron", "lightning", "accelerate", "transformers", "torchtitan",
+                                "dlrover"))
 WORKLOADS = {
     "mlp": "resilience.workloads.mlp:MLPWorkload",
     "tp_mlp": "resilience.workloads.parallel_mlp:TensorParallelMLP",

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..core.case import Case
+from ..core.node_agents import NodeAgentControl
 
 
 @dataclass
@@ -66,6 +67,7 @@ class CaseEnvironment:
     case_dir: Path
     checkpoint_dir: Path
     object_store: Any = None  # the case's `resilience.objectstore.server.S3Store`, when it has one
+    node_agents: NodeAgentControl | None = None  # the case's node agents, when its strategy keeps them
     script_ranks: int = 0  # a user's script: the first run's world size (a case's is its workload's)
 
     @property

@@ -92,7 +92,8 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
     context = StrategyContext(checkpoint_dir=checkpoint_dir, rank=rank, world_size=plan.world_size,
                               previous_rank=plan.rank_map[rank] if plan.start in RESTORING_STARTS else None,
                               options=dict(case.strategy.options), topology=topology,
-                              checkpoint_url=plan.object_store["url"] if plan.object_store else None)
+                              checkpoint_url=plan.object_store["url"] if plan.object_store else None,
+                              node_agent_root=Path(plan.node_agents) if plan.node_agents else None)
     # every phase, the oracle's too: a strategy whose engine trains the model trains it everywhere
     strategy = registry.resolve("strategy", case.strategy.name)(context)
     if fault:

@@ -32,10 +32,12 @@ from ..launch.backend import (
     backend_for_case,
     backend_for_launch,
 )
+from ..launch.interpreters import for_software
 from ..oracle import saved_check
 from ..oracle.evidence import collect_phase, follow_phase_events, stderr_tails
 from ..oracle.judge import judge
 from . import availability, oracle_chain
+from .node_agents import NodeAgents
 from .reference_cache import ReferenceCache, reference_key
 from .supervisor import LocalRanks, collect, deadline_after, supervise
 
@@ -87,24 +89,31 @@ class Harness:
             from ..objectstore.server import S3Store
 
             store = (self.object_store or S3Store)(work_dir)
-        env = CaseEnvironment(case=case, case_dir=work_dir, checkpoint_dir=checkpoint_dir, object_store=store)
+        agents = _node_agents(case, work_dir)
+        env = CaseEnvironment(case=case, case_dir=work_dir, checkpoint_dir=checkpoint_dir, object_store=store,
+                              node_agents=agents)
         phases = [reference]
         try:
             if store is not None:
                 store.start()
                 plan.object_store = store.plan()
+            if agents is not None:
+                agents.start()
+                plan.node_agents = str(agents.root)
             fault.setup(env)
             phases.append(self.run_phase(plan.make(FIRST_RUN, case.workload.world_size, "fresh",
                                                 save=True, inject=True, topology=case.placement), case,
                                       supervisor=fault if fault.supervises else None))
             if store is not None:
                 store.record_contents(FIRST_RUN)  # what the fault left in the bucket, before the restart
+            if agents is not None:
+                agents.after_launch(phases[1].status)
             # as the saves were made: before a heal that may damage files, after one that lifts a network rule
             checked = None if fault.leaves_saves_alone else self._check_saves(case, plan, phases[1])
             fault.heal(env)
             if fault.leaves_saves_alone:
                 checked = self._check_saves(case, plan, phases[1])
-            launches = self._launches(case, plan, env)
+            launches = self._launches(case, plan, env, agents)
             restart, later = launches[0], launches[1:]
             phases.append(restart)
             judging = oracle_chain.oracles(case, plan, reference, snapshots, [phases[1], *launches], self.run_phase)
@@ -122,6 +131,8 @@ class Harness:
             try:
                 fault.teardown(env)
             finally:
+                if agents is not None:
+                    agents.stop()
                 if store is not None:
                     store.stop()  # the bucket, the proxy and the server go with the case
         verdict = judge(case, reference, phases[1], restart, continuation, fault_findings=found, fault_notes=noted,
@@ -142,7 +153,8 @@ class Harness:
         return self.run_phase(plan.make(SAVED_CHECK, case.workload.world_size, "verify", topology=case.placement,
                                         verify_steps=steps), case), steps
 
-    def _launches(self, case: Case, plan: "_Planner", env: CaseEnvironment) -> list[PhaseResult]:
+    def _launches(self, case: Case, plan: "_Planner", env: CaseEnvironment,
+                  agents: NodeAgents | None) -> list[PhaseResult]:
         """The restart, then each later launch of the case's timeline (`Case.incarnations`), each
         from the checkpoints of the launches before it, with its own fault armed; a launch that
         fails other than by its fault ends the job there."""
@@ -165,6 +177,8 @@ class Harness:
             finally:
                 fault.teardown(env)
             launches.append(launch)
+            if agents is not None and index < len(case.incarnations):
+                agents.after_launch(launch.status)
             if launch.status not in ("completed", "fault_killed"):
                 break
         return launches
@@ -207,10 +221,21 @@ class Harness:
         return collect(plan, supervise(group, expired, watch))
 
 
+def _node_agents(case: Case, work_dir: Path) -> NodeAgents | None:
+    """The case's node agents (not yet started), where its strategy keeps one per node."""
+    strategy = registry.resolve("strategy", case.strategy.name)
+    if strategy.node_agent is None:
+        return None
+    nodes = sorted({*case.placement.node_ids, *(n for i in case.incarnations for n in i.restart.placement.node_ids)})
+    return NodeAgents(strategy.node_agent, work_dir / "node_agents", tuple(nodes), dict(case.strategy.options),
+                      for_software(case.software, case.source, "software"))
+
+
 class _Planner:
     def __init__(self, case: Case, work_dir: Path, case_file: Path, checkpoint_dir: Path):
         self.case, self.work_dir, self.case_file, self.checkpoint_dir = case, work_dir, case_file, checkpoint_dir
         self.object_store: dict | None = None  # the case's store, once started (`S3Store.plan`)
+        self.node_agents: str | None = None  # the root of the case's node agents, once started
 
     def placement(self, name: str) -> Topology:
         """The topology a phase runs at: the restart's for the restart and the oracle's continuation."""
@@ -235,5 +260,5 @@ class _Planner:
             topology=(topology or self.placement(name)).as_dict(), object_store=self.object_store,
             # a phase that restores from the checkpoint must find everything in it
             foreign_roots=(str(self.work_dir / FIRST_RUN), *foreign) if start in RESTORING_STARTS else (),
-            verify_steps=verify_steps)
+            verify_steps=verify_steps, node_agents=self.node_agents)
 

@@ -52,6 +52,11 @@ class CheckpointStrategy(ABC):
     #: for a library that cannot share the environment with the other extras (`Case.software`);
     #: read in the harness by the scenario validator
     layered_packages: ClassVar[tuple[str, ...]] = ()
+    #: a module the harness runs (``python -m``, with the case's software) as one process per node for
+    #: the whole case, which the library's code in the ranks talks to: a launcher's agent that
+    #: outlives its workers (`resilience.core.node_agents` says its protocol; the ranks find it
+    #: through ``context.node_agent_root``). None: the strategy needs none. Read in the harness.
+    node_agent: ClassVar[str | None] = None
     #: the optional capabilities the class offers (`Capability`); it overrides each one's methods
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
     #: a `resilience.fuzz.models.RestoreModel` subclass replaying this strategy's placement for the

@@ -22,6 +22,8 @@ class StrategyContext:
     options: Mapping[str, Any] = field(default_factory=dict)
     topology: Topology | None = None  # TP x PP x DP and placement of this phase (None: one node, pure DP)
     checkpoint_url: str | None = None  # object storage (``s3://bucket/prefix``) in place of checkpoint_dir
+    #: where the case's node agents live (`resilience.core.node_agents`; None: the strategy has none)
+    node_agent_root: Path | None = None
 
     @property
     def placement(self) -> Topology:

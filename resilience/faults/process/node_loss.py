@@ -55,12 +55,14 @@ class NodeLoss(Kill):
         self.lost_ranks: tuple[int, ...] = ()
         self.placement = None
         self.checkpoint_root: Path | None = None
+        self.node_agents = None
 
     # -- harness side -------------------------------------------------------------------------
     def setup(self, env: CaseEnvironment) -> None:
         if env.case is None:  # a user's script: its nodes are namespaces, and the trigger rank ends its own
             return
         self.placement, self.checkpoint_root = env.case.placement, env.checkpoint_dir
+        self.node_agents = env.node_agents
         if self.spec.params["local_storage"] == "lost" and self.placement.storage != NODE_LOCAL:
             raise ScenarioError(f"{env.case.source}[{env.case.id}]", "fault.local_storage",
                                 f"is 'lost' but topology.storage is {self.placement.storage!r} (shared storage "
@@ -78,6 +80,8 @@ class NodeLoss(Kill):
             _empty(self.placement.storage_dir(self.checkpoint_root, self.trigger.rank))
         for rank in self.lost_ranks:
             ranks[rank].signal(signal.SIGKILL)
+        if self.node_agents is not None:  # the node's agent, and its memory, go with it
+            self.node_agents.lose(node)
         deadline = time.monotonic() + GONE_WAIT_S
         while any(ranks[r].poll() is None for r in self.lost_ranks) and time.monotonic() < deadline:
             time.sleep(0.01)

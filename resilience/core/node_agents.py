@@ -1,0 +1,55 @@
+"""A node agent: the process a checkpoint library keeps beside each node's ranks for the whole job
+(DLRover's agent-side saver), and what the harness, the agent and the ranks share about it.
+
+The harness starts one agent per node before the first run (``python -m MODULE``, the module a
+strategy names in ``CheckpointStrategy.node_agent``), in a process group of its own, and keeps it
+across the restarts of the ranks, as a launcher's agent outlives its workers. Each agent gets a
+directory of its own (`agent_dir`) and a name (`agent_name`) that prefixes every host-wide
+resource it creates (shared-memory segments, sockets): on a machine that simulates several nodes,
+that prefix is the node's own IPC namespace, and the harness removes what carries it once the
+agent is gone (a lost node loses its memory).
+
+The agent's protocol, with the files in its directory:
+  - it writes ``ready`` once it serves;
+  - on SIGUSR1 (the node's workers failed; the restart comes next) it does the agent's duties of
+    a failure, then writes ``answered.N`` (N: how many requests it has answered, from 1);
+  - on SIGUSR2 (the node's workers succeeded; the job ends) it waits for its background work, then
+    writes ``answered.N``;
+  - on SIGTERM it releases what it holds and exits 0.
+The ranks find their node's agent through ``StrategyContext.node_agent_dir``.
+"""
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+DIR_ENV = "RESILIENCE_NODE_AGENT_DIR"  # the agent's directory, in the agent's environment
+NAME_ENV = "RESILIENCE_NODE_AGENT_NAME"  # the prefix of its host-wide resources
+NODE_ENV = "RESILIENCE_NODE_AGENT_NODE"  # the node it serves
+OPTIONS_ENV = "RESILIENCE_NODE_AGENT_OPTIONS"  # the strategy's options, as JSON
+READY = "ready"
+SHARED_MEMORY = Path("/dev/shm")
+
+
+def agent_dir(root: Path, node: int) -> Path:
+    """Where node ``node``'s agent of the case whose agents live under ``root`` keeps its files."""
+    return Path(root) / f"node{node}"
+
+
+def agent_name(directory: Path) -> str:
+    """The prefix of every host-wide resource of the agent in ``directory``: unique per case and node."""
+    return "rsl" + hashlib.sha1(str(Path(directory).resolve()).encode()).hexdigest()[:12]
+
+
+def answered(directory: Path, count: int) -> Path:
+    """The file the agent writes once it answered its ``count``-th request."""
+    return Path(directory) / f"answered.{count}"
+
+
+class NodeAgentControl(ABC):
+    """What a fault may do to the case's node agents (the harness holds them). Called in the harness."""
+
+    @abstractmethod
+    def lose(self, node: int) -> None:
+        """Node ``node`` is lost: its agent is SIGKILLed and its memory goes with it."""

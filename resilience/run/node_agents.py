@@ -1,0 +1,140 @@
+"""The case's node agents (`resilience.core.node_agents`): one process per node, started before the
+first run, kept across the restarts of the ranks, told when the ranks failed or the job ended, and
+stopped with the case. Everything here runs in the harness."""
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..core import janitor
+from ..core.node_agents import (
+    DIR_ENV,
+    NAME_ENV,
+    NODE_ENV,
+    OPTIONS_ENV,
+    READY,
+    SHARED_MEMORY,
+    NodeAgentControl,
+    agent_dir,
+    agent_name,
+    answered,
+)
+from ..errors import HarnessError
+from ..launch.backend import rank_environment
+from ..launch.interpreters import Interpreter
+
+START_S = 120.0  # an agent imports its library first (seconds on 2 loaded cores)
+ANSWER_S = 120.0  # a failure's duties may persist a checkpoint (DLRover waits up to 60 s for it)
+STOP_S = 10.0
+
+
+class NodeAgents(NodeAgentControl):
+    """One agent per node of the case, running ``module`` under ``interpreter`` (None: this one),
+    given the strategy's ``options``.
+
+    Call order: ``start()``; then after each launch of the ranks but the last ``after_launch(status)``
+    (``workers_failed()`` or ``job_ended()``); ``lose(node)`` from a fault while ranks run;
+    ``stop()`` once, in a ``finally``."""
+
+    def __init__(self, module: str, root: Path, nodes: tuple[int, ...], options: dict,
+                 interpreter: Interpreter | None = None):
+        self.module, self.root, self.nodes, self.interpreter = module, Path(root), nodes, interpreter
+        self.options = json.dumps(options)
+        self.processes: dict[int, subprocess.Popen] = {}
+        self.requests: dict[int, int] = {}
+
+    def start(self) -> None:
+        """Start every node's agent that is not running, each with a fresh directory, and wait
+        until each serves."""
+        for node in self.nodes:
+            if node not in self.processes:
+                self._start(node)
+        for node in self.nodes:
+            self._wait(node, agent_dir(self.root, node) / READY, START_S, "to start")
+
+    def after_launch(self, status: str) -> None:
+        """What the agents do once a launch of the ranks ended with ``status`` (`PhaseResult.status`)."""
+        if status == "completed":
+            self.job_ended()
+        else:
+            self.workers_failed()
+
+    def workers_failed(self) -> None:
+        """The ranks failed: each live agent does its duties of a failure; a lost node's agent is
+        replaced by a fresh one (a new machine, empty memory)."""
+        self._ask(signal.SIGUSR1)
+        self.start()
+
+    def job_ended(self) -> None:
+        """The ranks finished: each agent waits for its background work, and the job ends with its
+        agents; a later launch is a new job, with new agents."""
+        self._ask(signal.SIGUSR2)
+        self.stop()
+        self.start()
+
+    def lose(self, node: int) -> None:
+        process = self.processes.pop(node, None)
+        if process is not None:
+            janitor.kill_group(process.pid)
+            process.wait(STOP_S)
+            janitor.release("pgid", process.pid)
+            self._forget(node)
+
+    def stop(self) -> None:
+        for node in list(self.processes):
+            process = self.processes.pop(node)
+            janitor.signal_process(process.pid, signal.SIGTERM)
+            try:
+                process.wait(STOP_S)
+            except subprocess.TimeoutExpired:
+                pass
+            janitor.kill_group(process.pid)
+            process.wait(STOP_S)
+            janitor.release("pgid", process.pid)
+            self._forget(node)
+
+    # -- the parts -----------------------------------------------------------------------------
+    def _start(self, node: int) -> None:
+        directory = agent_dir(self.root, node)
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+        name = agent_name(directory)
+        env = dict(rank_environment(self.interpreter), **{DIR_ENV: str(directory), NAME_ENV: name,
+                                                          NODE_ENV: str(node), OPTIONS_ENV: self.options})
+        python = self.interpreter.python if self.interpreter else sys.executable
+        with open(directory / "agent.out", "w") as out, open(directory / "agent.err", "w") as err:
+            process = subprocess.Popen([python, "-m", self.module], stdin=subprocess.DEVNULL, stdout=out,
+                                       stderr=err, env=env, start_new_session=True, cwd=directory)
+        janitor.register("pgid", process.pid)
+        self.processes[node], self.requests[node] = process, 0
+
+    def _ask(self, signum: int) -> None:
+        for node, process in self.processes.items():
+            self.requests[node] += 1
+            janitor.signal_process(process.pid, signum)
+        for node in self.processes:
+            self._wait(node, answered(agent_dir(self.root, node), self.requests[node]), ANSWER_S, "to answer")
+
+    def _wait(self, node: int, path: Path, seconds: float, what: str) -> None:
+        deadline = time.monotonic() + seconds
+        process = self.processes[node]
+        while not path.exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                err = (agent_dir(self.root, node) / "agent.err").read_text()[-2000:]
+                state = (f"exited {process.returncode}" if process.returncode is not None
+                         else f"no answer in {seconds:.0f} s")
+                raise HarnessError(f"node {node}'s agent ({self.module}) failed {what}: {state}\n{err}")
+            time.sleep(0.02)
+
+    def _forget(self, node: int) -> None:
+        """Remove the host-wide resources the node's agent named with its prefix (its memory)."""
+        for path in SHARED_MEMORY.glob(f"{agent_name(agent_dir(self.root, node))}*"):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)

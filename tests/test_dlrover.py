@@ -1,0 +1,103 @@
+"""DLRover's flash checkpoint as the system under test (strategy dlrover_flash): every phase and the
+node agents run with DLRover 0.6.1 layered over this environment, installed once from the package
+index into the packages cache (a machine that cannot reach it skips, with the reason; CI=true fails
+that skip)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from resilience.core.case import Software, VerdictKind
+from resilience.core.events import Event
+from resilience.core.node_agents import SHARED_MEMORY, agent_dir, agent_name
+from resilience.core.plan import RESTART
+from resilience.errors import ScenarioError, Unavailable
+from resilience.launch.interpreters import layered_packages
+from resilience.strategies.dlrover import PACKAGES
+
+from .harness_helpers import case_from, run_case
+
+FLASH = {"name": "dlrover_flash", "options": {"copy_restored": True}}
+PACED = {"model": "mlp", "world_size": 2, "steps": 8, "checkpoint_every": 2, "seed": 0,
+         "options": {"step_seconds": 0.3}}
+
+
+@pytest.fixture
+def dlrover_layered():
+    """DLRover's packages in the packages cache (installed on first use), or a skip saying why."""
+    try:
+        layered_packages(PACKAGES)
+    except Unavailable as exc:
+        pytest.skip(f"DLRover's packages cannot be installed here: {exc}")
+
+
+def test_every_phase_of_a_dlrover_case_runs_with_its_packages_layered():
+    case = case_from(strategy=FLASH, workload=PACED)
+    assert case.software == Software(packages=PACKAGES) and PACKAGES[0] == "dlrover==0.6.1"
+
+
+@pytest.mark.parametrize("fault, key", [
+    ({"kind": "power_loss", "step": 6}, "fault.kind"),
+])
+def test_a_fault_that_restores_crash_states_without_agents_is_refused(fault, key):
+    with pytest.raises(ScenarioError) as info:
+        case_from(strategy=FLASH, workload=PACED, fault=fault)
+    assert key in str(info.value) and "node agents" in str(info.value), str(info.value)
+
+
+def test_bad_dlrover_options_are_refused_by_name():
+    with pytest.raises(ScenarioError, match="strategy.options.copy_restore"):
+        case_from(strategy={"name": "dlrover_flash", "options": {"copy_restore": True}}, workload=PACED)
+
+
+def _leftovers(work_dir: Path, nodes: int) -> list[str]:
+    """What the case's node agents left under their prefixes, and agents still running."""
+    names = [agent_name(agent_dir(work_dir / "node_agents", node)) for node in range(nodes)]
+    left = [p.name for name in names for p in SHARED_MEMORY.glob(f"{name}*")]
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"resilience.strategies.dlrover.agent" in command and str(work_dir).encode() in \
+                Path(f"/proc/{pid}/environ").read_bytes():
+            left.append(f"agent pid {pid}")
+    return left
+
+
+@pytest.mark.slow
+def test_a_killed_rank_restores_from_the_memory_its_agent_kept(tmp_path, dlrover_layered):
+    result = run_case(tmp_path, keep=True, strategy=FLASH, workload=PACED,
+                      fault={"kind": "kill", "rank": 1, "step": 7, "phase": "train"})
+    assert result.verdict.kind is VerdictKind.RECOVERED, result.verdict.findings
+    assert result.verdict.restored_step == 6
+    # step 6 was never persisted: only the node's shared memory held it at the restart
+    checkpoints = result.work_dir / "checkpoints"
+    restart_log = (result.work_dir / RESTART / "rank0.err").read_text()
+    assert "Load checkpoint at step 6 from memory" in restart_log
+    assert not (checkpoints / "6").exists() and (checkpoints / "4" / "rank_0.pt").exists()
+    assert {e["versions"]["dlrover"] for e in result.phase(RESTART).events(Event.JOINED)} == {"0.6.1"}
+    assert _leftovers(result.work_dir, 1) == []
+
+
+@pytest.mark.slow
+def test_a_lost_node_takes_its_memory_and_the_restart_restores_from_storage(tmp_path, dlrover_layered):
+    result = run_case(tmp_path, keep=True, strategy=FLASH, workload=PACED,
+                      fault={"kind": "node_loss", "rank": 1, "step": 7, "phase": "train"},
+                      expect={"outcome": "recovers", "fallback_ok": True})
+    assert result.verdict.kind is VerdictKind.RECOVERED, result.verdict.findings
+    assert result.verdict.restored_step == 4
+    restart_log = (result.work_dir / RESTART / "rank0.err").read_text()
+    assert "checkpoints/4/rank_0.pt" in restart_log and "from memory" not in restart_log
+    assert _leftovers(result.work_dir, 1) == []
+
+
+@pytest.mark.slow
+def test_the_memory_restore_as_dlrover_returns_it_diverges(tmp_path, dlrover_layered):
+    """The views of the one shared segment, kept by every local rank's optimizer (findings)."""
+    result = run_case(tmp_path, strategy={"name": "dlrover_flash"}, workload=PACED,
+                      fault={"kind": "kill", "rank": 1, "step": 7, "phase": "train"})
+    assert result.verdict.kind is VerdictKind.SILENT, result.verdict.findings
+    assert result.verdict.restored_step == 6
