@@ -47,6 +47,13 @@ def test_a_fault_that_restores_crash_states_without_agents_is_refused(fault, key
     assert key in str(info.value) and "node agents" in str(info.value), str(info.value)
 
 
+def test_a_kill_in_a_memory_copy_is_refused_where_the_strategy_has_no_in_memory_tier():
+    with pytest.raises(ScenarioError) as info:
+        case_from(strategy="torch.rank0", workload=PACED,
+                  fault={"kind": "kill", "rank": 0, "step": 6, "phase": "save", "point": "memory_copy"})
+    assert "fault.point" in str(info.value) and "dlrover_flash" in str(info.value), str(info.value)
+
+
 def test_bad_dlrover_options_are_refused_by_name():
     with pytest.raises(ScenarioError, match="strategy.options.copy_restore"):
         case_from(strategy={"name": "dlrover_flash", "options": {"copy_restore": True}}, workload=PACED)

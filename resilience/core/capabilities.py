@@ -24,6 +24,9 @@ class Capability(str, Enum):
     VERSION_STAMP = "rewrite_version_stamp"
     #: ``step_location(step)`` and ``load_step(workload, step)``: restore a chosen checkpoint
     CHOSEN_STEP = "load_step"
+    #: ``during_memory_copy(callback)``: a save copies the state into memory that outlives the
+    #: process (an in-memory tier), and the strategy can call back in the middle of that copy
+    MEMORY_COPY = "during_memory_copy"
 
     @property
     def methods(self) -> tuple[str, ...]:

@@ -51,6 +51,7 @@ class StrategySpec:
 
 
 MICRO_STEP = "micro_step"  # a train point: between two micro-batches of one optimizer step
+MEMORY_COPY = "memory_copy"  # a save point: in the middle of a copy into the node's memory (an in-memory tier)
 
 
 @dataclass(frozen=True)

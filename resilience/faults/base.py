@@ -88,7 +88,7 @@ class Fault(HarnessSide, RankSide):
             return "it needs a capability a strategy declares"
         if cls.supervises and not (cls.supervises_by_signals or cls.acts_in_its_node):
             return "it drives the framework's own ranks from the harness"
-        if cls.attach is not RankSide.attach:
+        if cls.attach is not RankSide.attach and not cls.strategy_points:
             return "it acts on the strategy object"
         return None
 

@@ -106,6 +106,9 @@ class RankSide:
     #: trigger points allowed per phase; the first is the default (the scenario validator, the catalog)
     points: ClassVar[dict[str, tuple[str, ...]]] = {
         "save": ("start", "open", "write", "fsync", "close"), "train": ("start",)}
+    #: the trigger points at which ``attach`` uses the strategy object, which a user's script lacks
+    #: (its validator refuses them); empty: ``attach``, if overridden, always does
+    strategy_points: ClassVar[tuple[str, ...]] = ()
     #: points at which ``after_bytes`` means something (the scenario validator)
     byte_points: ClassVar[tuple[str, ...]] = ("write",)
     #: the selectors (``written_by``, ``pointer``: `resilience.disk.trace_targets`) the trigger's

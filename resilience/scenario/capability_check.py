@@ -8,7 +8,7 @@ from typing import Any
 
 from ..core import registry
 from ..core.capabilities import Capability
-from ..core.case import MICRO_STEP, FaultSpec, StrategySpec, WorkloadSpec
+from ..core.case import MEMORY_COPY, MICRO_STEP, FaultSpec, StrategySpec, WorkloadSpec
 
 
 def capability_problem(strategy: StrategySpec, fault_kind: str) -> tuple[str, str, str, object] | None:
@@ -41,6 +41,18 @@ def micro_step_problem(strategy: StrategySpec, fault: FaultSpec,
     return ("fault.point", f"fires between the micro-batches of a step, and strategy {strategy.name} so configured "
             "trains one micro-batch a step", MICRO_STEP, "workload.options.accumulation >= 2, hf_trainer with "
             "gradient_accumulation_steps >= 2, or point start")
+
+
+def memory_copy_problem(strategy: StrategySpec, fault: FaultSpec) -> tuple[str, str, str, object] | None:
+    """A fault at point ``memory_copy`` needs a strategy that copies state into the node's memory
+    and calls back in the middle (``MEMORY_COPY``); elsewhere it would never fire."""
+    if fault.trigger is None or fault.trigger.point != MEMORY_COPY:
+        return None
+    if Capability.MEMORY_COPY in registry.resolve("strategy", strategy.name).capabilities_for(strategy.options):
+        return None
+    return ("fault.point", f"fires in the middle of a copy into the node's memory, and strategy {strategy.name} "
+            f"has no in-memory tier ({Capability.MEMORY_COPY.described})", MEMORY_COPY,
+            offering(frozenset({Capability.MEMORY_COPY})) or "a strategy with an in-memory tier")
 
 
 def workload_option_problem(strategy: StrategySpec, workload: WorkloadSpec) -> tuple[str, str, str, object] | None:

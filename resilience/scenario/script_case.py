@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..core import registry
-from ..core.case import MICRO_STEP, FaultSpec
+from ..core.case import MEMORY_COPY, MICRO_STEP, FaultSpec
 from ..core.script_case import ScriptCase, ScriptLaunch, ScriptSpec
 from .checks import Problems, Validator
 from .matrix import expand_cases
@@ -228,4 +228,7 @@ def _checked_fault(v: Validator, value: Any, world_size: int, nnodes: int = 1) -
     if fault.trigger is not None and fault.trigger.point == MICRO_STEP:
         raise v.error("fault.point", "fires between the micro-batches of a step, which a script does not report",
                       MICRO_STEP, "start")
+    if fault.trigger is not None and fault.trigger.point == MEMORY_COPY:
+        raise v.error("fault.point", "fires inside a strategy's copy into memory, and a script offers no strategy",
+                      MEMORY_COPY, "start")
     return fault

@@ -187,6 +187,13 @@ class CheckpointStrategy(ABC):
         returned; returns the files changed (relative to the checkpoint directory)."""
         raise NotImplementedError(f"{type(self).__name__} records no version")
 
+    def during_memory_copy(self, callback) -> None:
+        """(``MEMORY_COPY``) Have ``callback()`` called in the middle of every copy of this rank's state
+        into the node's memory (an in-memory tier): after the copy is marked in progress and its first
+        tensor is written, before the rest; ranks that copy nothing never call it. Called by the kill
+        fault at point ``memory_copy`` on its trigger rank, once, right after the strategy exists."""
+        raise NotImplementedError(f"{type(self).__name__} copies no state into memory")
+
     @classmethod
     def micro_steps(cls, options: Mapping[str, Any]) -> int:
         """How many micro-batches one optimizer step of this strategy, configured with ``options``,

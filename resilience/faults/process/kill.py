@@ -11,7 +11,7 @@ import time
 from fnmatch import fnmatchcase
 from typing import Any
 
-from ...core.case import MICRO_STEP
+from ...core.case import MEMORY_COPY, MICRO_STEP
 from ...core.events import Event
 from ...disk.interception import InterceptedFile
 from ..base import Fault, WriteListener
@@ -26,6 +26,10 @@ class Kill(Fault, WriteListener):
     - ``start``: entering the train step (before its all-reduce) or the save (before any file);
     - ``micro_step`` (train): after the step's first micro-batch, before its next one, with the
       gradients half accumulated (a strategy whose loop accumulates: ``micro_steps`` >= 2);
+    - ``memory_copy`` (save): in the middle of the rank's copy of its state into the node's memory,
+      marked in progress with one tensor written (a strategy with an in-memory tier: ``MEMORY_COPY``),
+      while the other ranks complete theirs: the rank stops there, and the harness SIGKILLs it once
+      every other rank returned from that save (or one of them ended);
     - ``open``: just after the first file matching ``file`` was created (it stays empty);
     - ``write``: once ``after_bytes`` bytes of that file are written (exactly that many stay);
     - ``fsync``: just before fsync of that file;
@@ -50,7 +54,8 @@ class Kill(Fault, WriteListener):
     leaves_saves_alone = True
     in_timelines = True
     params = {"once_written": (str, None), "process": (("rank", "helper"), "rank")}
-    points = {**Fault.points, "train": ("start", MICRO_STEP)}
+    points = {**Fault.points, "save": (*Fault.points["save"], MEMORY_COPY), "train": ("start", MICRO_STEP)}
+    strategy_points = (MEMORY_COPY,)
 
     @classmethod
     def check(cls, spec):
@@ -61,6 +66,9 @@ class Kill(Fault, WriteListener):
 
     def __init__(self, spec):
         super().__init__(spec)
+        # in the middle of a memory copy the others complete theirs first: the harness kills
+        self.supervises = type(self).supervises or (self.trigger is not None and self.trigger.point == MEMORY_COPY)
+        self._stopped_killed = False
         self._before_save: dict[str, tuple[int, int, int]] = {}
         self._awaited: str | None = None  # the awaited file once written; "" if it never was
 
@@ -86,6 +94,28 @@ class Kill(Fault, WriteListener):
             self._before_save = self._awaited_files()
         if self.trigger.point == "start" and self.in_trigger_window():
             self._kill(None)
+
+    def attach(self, strategy) -> None:
+        if self.trigger.point == MEMORY_COPY and self.on_trigger_rank():
+            strategy.during_memory_copy(self._in_memory_copy)
+
+    def _in_memory_copy(self) -> None:
+        if self.in_trigger_window():
+            self.fired(point=MEMORY_COPY, file=None, offset=None, ends_process=True)
+            os.kill(os.getpid(), signal.SIGSTOP)  # SIGKILLed while stopped (``supervise``)
+            time.sleep(3600)
+
+    def supervise(self, events: list[dict], ranks: list) -> None:
+        """``memory_copy``: SIGKILL the stopped trigger rank once every other rank returned from that
+        save, or one of them ended."""
+        if self._stopped_killed or not any(e["event"] == Event.FAULT_FIRED and e["rank"] == self.trigger.rank
+                                           for e in events):
+            return
+        others = set(range(len(ranks))) - {self.trigger.rank}
+        returned = {e["rank"] for e in events if e["event"] == Event.SAVE_RETURNED and e["step"] == self.trigger.step}
+        if others <= returned or any(ranks[rank].poll() is not None for rank in others):
+            ranks[self.trigger.rank].signal(signal.SIGKILL)
+            self._stopped_killed = True
 
     def between_micro_steps(self, step: int) -> None:
         if self.trigger.point == MICRO_STEP and self.in_trigger_window():

@@ -18,6 +18,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from ...core.capabilities import Capability
 from ...core.node_agents import agent_dir, agent_name
 from ...workloads.base import Workload
 from ..base import CheckpointStrategy
@@ -38,6 +39,7 @@ class FlashCheckpoint(CheckpointStrategy):
     option_values: ClassVar[Mapping[str, Any]] = {"storage_every": int, "save_at_breakpoint": (True, False),
                                                   "copy_restored": (True, False)}
     layered_packages = PACKAGES
+    capabilities = frozenset({Capability.MEMORY_COPY})
 
     def __init__(self, context):
         super().__init__(context)
@@ -57,6 +59,20 @@ class FlashCheckpoint(CheckpointStrategy):
 
             self.checkpointer = DdpCheckpointer(str(self.context.checkpoint_dir), save_timeout=SAVE_TIMEOUT_S)
         return self.checkpointer
+
+    def during_memory_copy(self, callback) -> None:
+        """DLRover copies tensor after tensor with ``_write_shared_memory`` (ckpt_saver.py:220-231),
+        called by ``SharedMemoryHandler.save_state_dict`` once it published the step's metadata with
+        ``writing_shm`` true (ckpt_saver.py:303-327): ``callback`` runs after each tensor's copy."""
+        from dlrover.python.elastic_agent.torch import ckpt_saver
+
+        copy = ckpt_saver._write_shared_memory
+
+        def copy_then_call(value, meta, buffer):
+            copy(value, meta, buffer)
+            callback()
+
+        ckpt_saver._write_shared_memory = copy_then_call
 
     def save(self, workload: Workload, step: int) -> None:
         from dlrover.trainer.torch.flash_checkpoint.ddp import StorageType
