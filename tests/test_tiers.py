@@ -8,6 +8,9 @@ from pathlib import Path
 
 from resilience.commands.case_loop import selection
 from resilience.commands.qualify_cases import select
+from resilience.core import registry
+from resilience.core.case import Case
+from resilience.scenario.discovery import load_all_cases
 from resilience.scenario.loader import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,3 +43,27 @@ def test_pytest_deselects_the_deep_tier_unless_the_marker_is_named():
     cases = len(load_file(SCENARIO).cases)
     assert collected().startswith(f"{cases - 1}/{cases} tests collected (1 deselected)")
     assert collected("-m", "deep").startswith(f"1/{cases} tests collected ({cases - 1} deselected)")
+
+
+def family(kind: str) -> str:
+    """A fault's family: its package under resilience.faults (``process``, ``write_path``, ...)."""
+    module = registry.FAULTS[kind].split(":")[0].split(".")
+    return module[2] if len(module) > 3 else module[-1]
+
+
+def pairs(cases) -> dict[tuple[str, str], list[str]]:
+    found: dict[tuple[str, str], list[str]] = {}
+    for case in cases:
+        system = case.strategy.name if isinstance(case, Case) else "script"
+        kinds = [case.fault.kind] + [launch.fault.kind for launch in getattr(case, "incarnations", ())]
+        for kind in kinds:
+            found.setdefault((system, family(kind)), []).append(case.tier)
+    return found
+
+
+def test_every_strategy_and_fault_family_keeps_a_case_in_the_main_job():
+    cases, errors = load_all_cases([ROOT / "scenarios"])
+    assert not errors and cases
+    only_deep = sorted(pair for pair, tiers in pairs(cases).items() if set(tiers) == {"deep"})
+    assert only_deep == [], f"every case of these strategy x fault family pairs is deep: {only_deep}"
+    assert any(tier == "deep" for tiers in pairs(cases).values() for tier in tiers)  # the rule has work to do
