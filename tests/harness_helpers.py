@@ -5,7 +5,11 @@ import copy
 import os
 from pathlib import Path
 
+import pytest
+
 from resilience.core.records import CaseResult
+from resilience.errors import Unavailable
+from resilience.launch.interpreters import layered_packages
 from resilience.run.harness import Harness
 from resilience.run.reference_cache import ReferenceCache
 from resilience.scenario.loader import load_document
@@ -45,3 +49,12 @@ def shared_reference_cache() -> ReferenceCache | None:
 def run_case(tmp_path=None, keep=False, **overrides) -> CaseResult:
     harness = Harness(work_root=tmp_path, keep=keep, cache=shared_reference_cache())
     return harness.run(case_from(**overrides))
+
+
+def layered_or_skip(packages: tuple[str, ...], library: str) -> None:
+    """``packages`` in the packages cache (installed on first use), or a skip saying why (CI=true
+    fails it)."""
+    try:
+        layered_packages(packages)
+    except Unavailable as exc:
+        pytest.skip(f"{library}'s packages cannot be installed here: {exc}")

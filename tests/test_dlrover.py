@@ -13,11 +13,10 @@ from resilience.core.case import Software, VerdictKind
 from resilience.core.events import Event
 from resilience.core.node_agents import SHARED_MEMORY, agent_dir, agent_name
 from resilience.core.plan import RESTART
-from resilience.errors import ScenarioError, Unavailable
-from resilience.launch.interpreters import layered_packages
+from resilience.errors import ScenarioError
 from resilience.strategies.dlrover import PACKAGES
 
-from .harness_helpers import case_from, run_case
+from .harness_helpers import case_from, layered_or_skip, run_case
 
 FLASH = {"name": "dlrover_flash", "options": {"copy_restored": True}}
 PACED = {"model": "mlp", "world_size": 2, "steps": 8, "checkpoint_every": 2, "seed": 0,
@@ -26,11 +25,7 @@ PACED = {"model": "mlp", "world_size": 2, "steps": 8, "checkpoint_every": 2, "se
 
 @pytest.fixture
 def dlrover_layered():
-    """DLRover's packages in the packages cache (installed on first use), or a skip saying why."""
-    try:
-        layered_packages(PACKAGES)
-    except Unavailable as exc:
-        pytest.skip(f"DLRover's packages cannot be installed here: {exc}")
+    layered_or_skip(PACKAGES, "DLRover")
 
 
 def test_every_phase_of_a_dlrover_case_runs_with_its_packages_layered():

@@ -7,11 +7,10 @@ import pytest
 
 from resilience.core.case import Software, VerdictKind
 from resilience.core.plan import REFERENCE, RESTART
-from resilience.errors import ScenarioError, Unavailable
-from resilience.launch.interpreters import layered_packages
+from resilience.errors import ScenarioError
 from resilience.strategies.torchtitan import PACKAGES
 
-from .harness_helpers import case_from, run_case
+from .harness_helpers import case_from, layered_or_skip, run_case
 
 TITAN = {"model": "mlp", "world_size": 2, "steps": 8, "checkpoint_every": 2, "seed": 0}
 KILL = {"kind": "kill", "rank": 1, "step": 5, "phase": "train"}
@@ -19,11 +18,7 @@ KILL = {"kind": "kill", "rank": 1, "step": 5, "phase": "train"}
 
 @pytest.fixture
 def torchtitan_layered():
-    """torchtitan's packages in the packages cache (installed on first use), or a skip saying why."""
-    try:
-        layered_packages(PACKAGES)
-    except Unavailable as exc:
-        pytest.skip(f"torchtitan's packages cannot be installed here: {exc}")
+    layered_or_skip(PACKAGES, "torchtitan")
 
 
 def test_every_phase_of_a_torchtitan_case_runs_with_its_packages_layered():
