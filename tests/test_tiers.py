@@ -54,7 +54,7 @@ def family(kind: str) -> str:
 def pairs(cases) -> dict[tuple[str, str], list[str]]:
     found: dict[tuple[str, str], list[str]] = {}
     for case in cases:
-        system = case.strategy.name if isinstance(case, Case) else "script"
+        system = case.strategy.name if isinstance(case, Case) else Path(case.script.path).name
         kinds = [case.fault.kind] + [launch.fault.kind for launch in getattr(case, "incarnations", ())]
         for kind in kinds:
             found.setdefault((system, family(kind)), []).append(case.tier)
