@@ -59,12 +59,12 @@ def _leftovers(work_dir: Path, nodes: int) -> list[str]:
     names = [agent_name(agent_dir(work_dir / "node_agents", node)) for node in range(nodes)]
     left = [p.name for name in names for p in SHARED_MEMORY.glob(f"{name}*")]
     for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
+        try:  # a process may end between the listing and the reads
             command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            ours = str(work_dir).encode() in Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             continue
-        if b"resilience.strategies.dlrover.agent" in command and str(work_dir).encode() in \
-                Path(f"/proc/{pid}/environ").read_bytes():
+        if b"resilience.strategies.dlrover.agent" in command and ours:
             left.append(f"agent pid {pid}")
     return left
 

@@ -78,25 +78,12 @@ class NodeAgents(NodeAgentControl):
         self.start()
 
     def lose(self, node: int) -> None:
-        process = self.processes.pop(node, None)
-        if process is not None:
-            janitor.kill_group(process.pid)
-            process.wait(STOP_S)
-            janitor.release("pgid", process.pid)
-            self._forget(node)
+        if node in self.processes:
+            self._end(node, signal.SIGKILL)
 
     def stop(self) -> None:
         for node in list(self.processes):
-            process = self.processes.pop(node)
-            janitor.signal_process(process.pid, signal.SIGTERM)
-            try:
-                process.wait(STOP_S)
-            except subprocess.TimeoutExpired:
-                pass
-            janitor.kill_group(process.pid)
-            process.wait(STOP_S)
-            janitor.release("pgid", process.pid)
-            self._forget(node)
+            self._end(node, signal.SIGTERM)
 
     # -- the parts -----------------------------------------------------------------------------
     def _start(self, node: int) -> None:
@@ -112,6 +99,20 @@ class NodeAgents(NodeAgentControl):
                                        stderr=err, env=env, start_new_session=True, cwd=directory)
         janitor.register("pgid", process.pid)
         self.processes[node], self.requests[node] = process, 0
+
+    def _end(self, node: int, signum: int) -> None:
+        """End node ``node``'s agent with ``signum`` (SIGTERM: it releases what it holds first), then
+        its process group, and remove what it named with its prefix."""
+        process = self.processes.pop(node)
+        janitor.signal_process(process.pid, signum)
+        try:
+            process.wait(STOP_S)
+        except subprocess.TimeoutExpired:
+            pass
+        janitor.kill_group(process.pid)
+        process.wait(STOP_S)
+        janitor.release("pgid", process.pid)
+        self._forget(node)
 
     def _ask(self, signum: int) -> None:
         for node, process in self.processes.items():
