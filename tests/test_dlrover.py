@@ -80,6 +80,7 @@ def test_a_killed_rank_restores_from_the_memory_its_agent_kept(tmp_path, dlrover
     restart_log = (result.work_dir / RESTART / "rank0.err").read_text()
     assert "Load checkpoint at step 6 from memory" in restart_log
     assert not (checkpoints / "6").exists() and (checkpoints / "4" / "rank_0.pt").exists()
+    assert result.restored_from == "memory" and result.storage_bytes_read == 0
     assert {e["versions"]["dlrover"] for e in result.phase(RESTART).events(Event.JOINED)} == {"0.6.1"}
     assert _leftovers(result.work_dir, 1) == []
 
@@ -93,6 +94,8 @@ def test_a_lost_node_takes_its_memory_and_the_restart_restores_from_storage(tmp_
     assert result.verdict.restored_step == 4
     restart_log = (result.work_dir / RESTART / "rank0.err").read_text()
     assert "checkpoints/4/rank_0.pt" in restart_log and "from memory" not in restart_log
+    saved = (result.work_dir / "checkpoints" / "4" / "rank_0.pt").stat().st_size
+    assert result.restored_from == "storage" and result.storage_bytes_read >= 2 * saved  # both ranks read it
     assert _leftovers(result.work_dir, 1) == []
 
 

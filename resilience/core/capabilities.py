@@ -27,6 +27,9 @@ class Capability(str, Enum):
     #: ``during_memory_copy(callback)``: a save copies the state into memory that outlives the
     #: process (an in-memory tier), and the strategy can call back in the middle of that copy
     MEMORY_COPY = "during_memory_copy"
+    #: ``restored_tier()``: a restore may come from one of several tiers (memory, storage), and the
+    #: strategy says which one served each rank; the oracle requires every rank to agree
+    RESTORE_TIERS = "restored_tier"
 
     @property
     def methods(self) -> tuple[str, ...]:

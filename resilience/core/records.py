@@ -161,6 +161,28 @@ class CaseResult:
         return max(times) if times else None
 
     @property
+    def restored_from(self) -> str | None:
+        """The tier the restart's ranks restored from, for a strategy with several (``RESTORE_TIERS``):
+        "memory" or "storage", each rank's where they differ ("0: memory, 1: storage"); None otherwise."""
+        restart = self.phase("restart")
+        tiers = {e["rank"]: e["tier"] or "nothing" for e in restart.events(Event.RESTORED) if "tier" in e} \
+            if restart else {}
+        if not tiers:
+            return None
+        if len(set(tiers.values())) == 1:
+            return next(iter(tiers.values()))
+        return ", ".join(f"{rank}: {tier}" for rank, tier in sorted(tiers.items()))
+
+    @property
+    def storage_bytes_read(self) -> int | None:
+        """Bytes the restart's ranks read under the checkpoint directory while restoring, summed, for a
+        strategy with several tiers (0 where the memory served every rank); None otherwise."""
+        restart = self.phase("restart")
+        counts = [e["storage_bytes"] for e in restart.events(Event.RESTORED) if "storage_bytes" in e] \
+            if restart else []
+        return sum(counts) if counts else None
+
+    @property
     def save_s(self) -> dict[int, float]:
         """Per checkpoint step saved on every rank: first ``save_begin`` to last ``save_returned``."""
         first_run = self.phase("first_run")

@@ -117,3 +117,24 @@ class ReadInterceptor:
         while self._saved:
             owner, name, old = self._saved.pop()
             setattr(owner, name, old)
+
+
+class ReadCounter:
+    """A `ReadListener` that only counts: ``total`` is the bytes read so far through every file it
+    was offered (opened for reading under the interceptor's root)."""
+
+    def __init__(self) -> None:
+        self._files: dict[int, InterceptedReader] = {}
+
+    @property
+    def total(self) -> int:
+        return sum(file.bytes_read for file in self._files.values())
+
+    def wants_read(self, relative: str) -> bool:
+        return True
+
+    def on_open_read(self, path: Path, relative: str) -> None:
+        pass
+
+    def on_read(self, file: InterceptedReader, nbytes: int) -> None:
+        self._files.setdefault(id(file), file)

@@ -110,7 +110,7 @@ def _restore_hop(case: Case, reference: PhaseResult, oracle: PhaseResult | None,
     if run.status == "completed" or len(restored) == run.world_size:
         found, notes = rules.restore_findings({rank: e["step"] for rank, e in restored.items()}, complete,
                                               case.expect.fallback_ok, "its state is verified below", ended, logged)
-        silent += found
+        silent += found + rules.tier_findings(restored)
         for rank, event in sorted(restored.items()):
             expected = expected_state(oracle, rank, event["step"])
             if expected is None:

@@ -62,6 +62,17 @@ def restore_findings(restored: Mapping[int, int], complete: int, fallback_ok: bo
     return silent, notes
 
 
+def tier_findings(restored: Mapping[int, Mapping]) -> list[str]:
+    """A restore from several tiers (``RESTORE_TIERS``: memory and storage) must take every rank's
+    state from one tier: a mix means the ranks disagreed on what survived, SILENT even where each
+    rank's own state is a valid checkpoint. ``restored``: rank -> its ``restored`` event."""
+    tiers = {rank: event.get("tier") for rank, event in restored.items() if "tier" in event}
+    if len(set(tiers.values())) < 2:
+        return []
+    return [f"ranks restored from different tiers: {dict(sorted(tiers.items()))} (every rank must restore "
+            "the same step from the same tier)"]
+
+
 # An error-level record in a log: logging's ERROR or CRITICAL level name (or FATAL) standing as a
 # word, or an uncaught exception's traceback (a thread's too). A warning that goes on is not one:
 # a job that logs "warning: ... failed, continuing" has said the failure does not matter.

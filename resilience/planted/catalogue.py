@@ -20,6 +20,7 @@ TWIN, STATE_BUG, STORAGE_BUG, ASYNC_BUG = ("resilience.planted.durable:", "resil
                                            "resilience.planted.storage_bugs:", "resilience.planted.async_bugs:")
 WORKLOAD_BUG = "resilience.planted.workload_bugs:"
 TIMELINE_BUG = "resilience.planted.timeline_bugs:"
+TIER_BUG = "resilience.planted.tier_bugs:"
 RECOVERED, LOUD = VerdictKind.RECOVERED, VerdictKind.LOUD
 TWO_RANKS = {"model": "mlp", "world_size": 2, "steps": 12, "checkpoint_every": 4, "seed": 0}
 # the state of a real job: dropout on per-rank streams, an EMA, two micro-batches a step, fp16 with a
@@ -188,6 +189,9 @@ BUGS: tuple[PlantedBug, ...] = (
                "prefix)", STATE_BUG + "IgnoresMissingKeys", "kill_in_training", PER_RANK),
     PlantedBug("loads_oldest", "the oldest checkpoint restored (a sort in the wrong direction)",
                STATE_BUG + "LoadsOldest", "kill_in_training", PER_RANK),
+    PlantedBug("tiers_mixed", "one rank restored from storage while the others restored the same step from "
+               "memory (two tiers, each rank's state valid)", TIER_BUG + "LastRankFromStorage", "kill_in_training",
+               TIER_BUG + "TwoTierSave"),
     PlantedBug("save_consumes_randomness", "a save that draws from the training RNG",
                STATE_BUG + "SaveConsumesRandomness", "kill_in_training", PER_RANK),
     PlantedBug("state_beside_checkpoint", "part of the state kept in the first run's working directory, read back "

@@ -7,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..core.capabilities import Capability
 from ..core.events import Event
 from ..core.plan import PhasePlan
+from ..disk.read_interception import ReadCounter, ReadInterceptor
 from ..strategies.base import CheckpointStrategy, TrainingObserver
 from ..workloads.base import Workload
 
@@ -26,12 +28,13 @@ class HarnessObserver(TrainingObserver):
         self.load_started: float | None = None
         self.saved_step: int | None = None
 
-    def restored(self, workload: Workload) -> None:
+    def restored(self, workload: Workload, **tier: Any) -> None:
+        """``tier``: where a tiered strategy's restore came from (`load_reporting_tier`)."""
         import time
 
         self.clock.phase = "idle"
         load_s = time.monotonic() - self.load_started if self.load_started is not None else 0.0
-        self.emit(Event.RESTORED, step=workload.step, fingerprint=workload.fingerprint(), load_s=load_s)
+        self.emit(Event.RESTORED, step=workload.step, fingerprint=workload.fingerprint(), load_s=load_s, **tier)
         if self.start == "strategy":
             self.saved_step = workload.step
         if self.plan.record_states and self.snapshots is not None and self.start == "fresh":
@@ -71,6 +74,23 @@ class HarnessObserver(TrainingObserver):
         if self.fault:
             self.fault.after_save(self.strategy, step)
         self.saved_step = step
+
+
+def load_reporting_tier(strategy: CheckpointStrategy, workload: Workload, checkpoint_dir: Path) -> dict[str, Any]:
+    """``strategy.load(workload)``; for a strategy with several tiers (``RESTORE_TIERS``), the tier
+    that served this rank and the bytes its load read under ``checkpoint_dir`` (its storage tier),
+    as the ``restored`` event carries them."""
+    if not strategy.offers(Capability.RESTORE_TIERS):
+        strategy.load(workload)
+        return {}
+    counter = ReadCounter()
+    interceptor = ReadInterceptor(checkpoint_dir, [counter])
+    interceptor.install()
+    try:
+        strategy.load(workload)
+    finally:
+        interceptor.uninstall()
+    return {"tier": strategy.restored_tier(), "storage_bytes": counter.total}
 
 
 def train_with_harness_loop(workload: Workload, strategy: CheckpointStrategy, observer: HarnessObserver,

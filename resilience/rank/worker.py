@@ -47,7 +47,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
     from ..scenario.loader import read_case_file
     from ..strategies.base import StrategyContext
     from .fault_arming import arm_in_rank
-    from .step_loop import HarnessObserver, train_with_harness_loop
+    from .step_loop import HarnessObserver, load_reporting_tier, train_with_harness_loop
     from .working_dir import enter_working_dir, watch_foreign_reads
 
     torch.set_num_threads(1)  # reductions over several threads change the bits of a sum
@@ -114,13 +114,14 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
     elif strategy.drives_training:  # the library's own loop restores, trains and saves
         strategy.train(workload, observer)
     else:
+        tier = {}
         if plan.start == "strategy":
-            strategy.load(workload)
+            tier = load_reporting_tier(strategy, workload, checkpoint_dir)
         elif plan.start == "step":  # the fallback probe: exactly this checkpoint, through the strategy
             strategy.load_step(workload, plan.snapshot_step)
         elif plan.start == "snapshot":
             workload.load_reference_snapshot(observer.snapshot_path(plan.snapshot_step))
-        observer.restored(workload)
+        observer.restored(workload, **tier)
         emergency = EmergencySave(events.emit) if plan.save and wanted_by(strategy) else None
         train_with_harness_loop(workload, strategy, observer, emergency)
     workload.close()

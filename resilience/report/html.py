@@ -193,6 +193,8 @@ def render_case(record: CaseRecord) -> str:
               " (newest checkpoint saved on every rank: "
               f"{record.complete_step if record.complete_step is not None else '-'})</td></tr>",
               f"<tr><th>steps lost</th><td>{record.steps_lost if record.steps_lost is not None else '-'}</td></tr>",
+              *([f"<tr><th>restored from</th><td>{escape(record.restored_from)} ({record.storage_bytes_read} bytes "
+                 "read from storage)</td></tr>"] if record.restored_from is not None else []),
               "<tr><th>work lost</th><td class=\"lost-work\">"
               f"{escape(lost_line(record.steps_lost, record.restart_s, record.replay_s))}</td></tr>",
               f"<tr><th>time to restore</th><td>{_fmt_s(record.restore_s)}</td></tr>",

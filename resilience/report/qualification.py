@@ -59,6 +59,8 @@ class CaseRecord:
     restart_s: float | None = None  # lost work: group start-up and restore, then replay of the lost steps
     replay_s: float | None = None
     intact_step: int | None = None  # LOUD: an older checkpoint that was intact but never used
+    restored_from: str | None = None  # a strategy with several tiers: the tier that served the restart
+    storage_bytes_read: int | None = None  # ... and the bytes its restore read from storage
     save_s: tuple[tuple[int, float], ...] = ()
     reference_losses: tuple[tuple[int, float], ...] = ()
     first_run_losses: tuple[tuple[int, float], ...] = ()
@@ -126,6 +128,7 @@ class CaseRecord:
                    complete_step=verdict.complete_step, steps_lost=steps_lost,
                    restore_s=result.restore_s, restart_s=restart_s, replay_s=replay_s,
                    intact_step=verdict.intact_step, save_s=tuple(result.save_s.items()),
+                   restored_from=result.restored_from, storage_bytes_read=result.storage_bytes_read,
                    reference_losses=tuple(result.loss_series("reference").items()),
                    first_run_losses=tuple(result.loss_series("first_run").items()),
                    restored_losses=tuple(sorted(restored_losses.items())),

@@ -35,6 +35,8 @@ def render(result: CaseResult, reason: str = "") -> str:
         lines.append(f"why this fails: {reason}")
     lines.append(f"restored step: {verdict.restored_step}   newest checkpoint saved on every rank: "
                  f"{verdict.complete_step}")
+    if result.restored_from is not None:
+        lines.append(f"restored from: {result.restored_from}   storage bytes read: {result.storage_bytes_read}")
     lost = result.lost_s
     if lost is not None and not case.timeline:  # a timeline's are listed launch by launch
         lines.append(f"work lost: {result.steps_lost} steps, {sum(lost):.2f} s (restart {lost[0]:.2f} s + replay "

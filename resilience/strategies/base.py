@@ -194,6 +194,13 @@ class CheckpointStrategy(ABC):
         fault at point ``memory_copy`` on its trigger rank, once, right after the strategy exists."""
         raise NotImplementedError(f"{type(self).__name__} copies no state into memory")
 
+    def restored_tier(self) -> str | None:
+        """(``RESTORE_TIERS``) The tier this rank's last ``load`` restored from ("memory",
+        "storage"), or None when it restored nothing. Called on every rank right after ``load``
+        returned; the rank reports it with the restored step, and the oracle finds a restart whose
+        ranks restored from different tiers SILENT, even where each rank's own state is valid."""
+        raise NotImplementedError(f"{type(self).__name__} restores from one tier")
+
     @classmethod
     def micro_steps(cls, options: Mapping[str, Any]) -> int:
         """How many micro-batches one optimizer step of this strategy, configured with ``options``,

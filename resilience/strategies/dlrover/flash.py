@@ -39,11 +39,12 @@ class FlashCheckpoint(CheckpointStrategy):
     option_values: ClassVar[Mapping[str, Any]] = {"storage_every": int, "save_at_breakpoint": (True, False),
                                                   "copy_restored": (True, False)}
     layered_packages = PACKAGES
-    capabilities = frozenset({Capability.MEMORY_COPY})
+    capabilities = frozenset({Capability.MEMORY_COPY, Capability.RESTORE_TIERS})
 
     def __init__(self, context):
         super().__init__(context)
         self.checkpointer = None
+        self.tier: str | None = None
 
     def _checkpointer(self):
         """DLRover's checkpointer, made on first use: the reference and the oracle's runs, which
@@ -82,14 +83,31 @@ class FlashCheckpoint(CheckpointStrategy):
         self._checkpointer().save_checkpoint(step, {**workload.state_dict(), STEP_KEY: step}, storage_type=kind)
 
     def load(self, workload: Workload) -> None:
-        state = self._checkpointer().load_checkpoint()
+        engine = self._checkpointer()._engine
+        from_memory = engine.get_state_dict_from_memory
+        served: list[bool] = []
+
+        def memory_then_note():  # engine.load asks the memory first (full_ckpt_engine.py:156)
+            found = from_memory()
+            served.append(bool(found[1]))
+            return found
+
+        engine.get_state_dict_from_memory = memory_then_note
+        try:
+            state = self.checkpointer.load_checkpoint()
+        finally:
+            del engine.get_state_dict_from_memory
         if not state:  # no checkpoint DLRover trusts: the script starts over, as DLRover's examples do
             return
+        self.tier = "memory" if any(served) else "storage"
         state = dict(state)
         state.pop(STEP_KEY, None)
         if self.context.options.get("copy_restored", False):
             state = _copied(state)
         workload.load_state_dict(state)
+
+    def restored_tier(self) -> str | None:
+        return self.tier
 
 
 def _node_name(context) -> str:
