@@ -106,3 +106,23 @@ def test_the_memory_restore_as_dlrover_returns_it_diverges(tmp_path, dlrover_lay
                       fault={"kind": "kill", "rank": 1, "step": 7, "phase": "train"})
     assert result.verdict.kind is VerdictKind.SILENT, result.verdict.findings
     assert result.verdict.restored_step == 6
+
+
+def test_a_fault_in_the_node_agent_is_refused_where_the_strategy_keeps_none():
+    with pytest.raises(ScenarioError) as info:
+        case_from(strategy="torch.rank0", workload=PACED,
+                  fault={"kind": "kill", "process": "agent", "rank": 0, "step": 4, "phase": "save", "point": "open"})
+    assert "fault.process" in str(info.value) and "dlrover_flash" in str(info.value), str(info.value)
+
+
+def test_an_agent_killed_as_it_opens_the_tracker_leaves_it_empty_and_the_relaunch_starts_over(tmp_path,
+                                                                                             dlrover_layered):
+    result = run_case(tmp_path, keep=True, strategy=FLASH, workload=PACED,
+                      fault={"kind": "kill", "process": "agent", "rank": 0, "step": 8, "phase": "save",
+                             "point": "open", "file": "dlrover_latest.txt"})
+    fired = result.phase("first_run").fault_events
+    assert [(e["process"], e["file"], e["offset"]) for e in fired] == [("agent", "dlrover_latest.txt", 0)]
+    assert fired[0]["pid"] not in {e["pid"] for e in result.phase("first_run").events(Event.JOINED)}
+    assert result.phase("first_run").status == "completed"  # the ranks never knew
+    assert result.verdict.kind is VerdictKind.SILENT and result.verdict.restored_step == 0
+    assert result.restored_from == "nothing" and _leftovers(result.work_dir, 1) == []

@@ -86,6 +86,6 @@ class RankEnvironment:
     clock: Clock
     emit: Callable[..., None] = field(repr=False)  # emit(event_name, **fields) into the rank's event log
     case_dir: Path | None = None  # CaseEnvironment.case_dir: what the harness side left for the ranks
-    process: str = "rank"  # or "helper": a process the rank's libraries started (see helper_hook)
+    process: str = "rank"  # or "helper" (a child of the rank's libraries) or "agent" (its node's): helper_hook
     incarnation: str = "first_run"  # or "restart": only for faults whose ``arms_at_restart`` is true
     checkpoint_url: str | None = None  # the case's object store (``s3://...``) in place of checkpoint_dir

@@ -1,6 +1,7 @@
 """Faults in the processes a rank's libraries start themselves (a checkpoint writer started with
 the spawn method): they inherit the rank's environment, so the rank exposes its fault there
 through a startup hook (``resilience/rank/startup/sitecustomize.py``) before the library starts them.
+The harness starts a node's agent (`resilience.core.node_agents`) with the same hook, as ``agent``.
 
 In such a helper the fault is armed with ``process="helper"``, follows the step of the last save its
 rank began (a background writer writes after the rank's save call returned), writes its events into
@@ -19,17 +20,28 @@ ENV_VAR = "RESILIENCE_HELPER_HOOK"
 STARTUP_DIR = Path(__file__).resolve().parent / "startup"
 
 
+def hook_environment(*, rank: int, world_size: int, case_file: Path, checkpoint_dir: Path, events_path: Path,
+                     clock_path: Path, process: str = "helper", rank_pid: int = 0,
+                     python_path: str = "") -> dict[str, str]:
+    """The environment that arms the fault in every Python process started with it: ``process``
+    names what it is (a rank's ``helper``, or a node's ``agent``, which the harness starts with it);
+    it follows rank ``rank``'s clock and writes into its event log."""
+    from ..core.paths import PROJECT_ROOT
+
+    return {ENV_VAR: json.dumps({
+        "rank": rank, "world_size": world_size, "case_file": str(case_file), "rank_pid": rank_pid,
+        "checkpoint_dir": str(checkpoint_dir), "events": str(events_path), "clock": str(clock_path),
+        "project_root": str(PROJECT_ROOT), "process": process}),
+        "PYTHONPATH": os.pathsep.join([str(STARTUP_DIR)] + [p for p in python_path.split(os.pathsep) if p])}
+
+
 def expose(*, rank: int, world_size: int, case_file: Path, checkpoint_dir: Path, events_path: Path,
            clock_path: Path) -> None:
     """In the rank, before any library starts a helper: every child it starts arms the fault."""
-    from ..core.paths import PROJECT_ROOT
-
-    os.environ[ENV_VAR] = json.dumps({
-        "rank": rank, "world_size": world_size, "case_file": str(case_file), "rank_pid": os.getpid(),
-        "checkpoint_dir": str(checkpoint_dir), "events": str(events_path), "clock": str(clock_path),
-        "project_root": str(PROJECT_ROOT)})
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(STARTUP_DIR)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    os.environ.update(hook_environment(rank=rank, world_size=world_size, case_file=case_file,
+                                       checkpoint_dir=checkpoint_dir, events_path=events_path,
+                                       clock_path=clock_path, rank_pid=os.getpid(),
+                                       python_path=os.environ.get("PYTHONPATH", "")))
 
 
 def install(config_text: str) -> None:
@@ -46,9 +58,15 @@ def install(config_text: str) -> None:
     case = read_case_file(Path(config["case_file"]))
     fault = registry.resolve("fault", case.fault.kind)(case.fault)
     checkpoint_dir = Path(config["checkpoint_dir"])
-    events = EventLog(Path(config["events"]), config["rank"])
+
+    def emit(event, **fields) -> None:  # opened per event: an agent starts before the phase's directory exists
+        log = EventLog(Path(config["events"]), config["rank"])
+        log.emit(event, **fields)
+        log.close()
+
     fault.arm(RankEnvironment(rank=config["rank"], world_size=config["world_size"], checkpoint_dir=checkpoint_dir,
-                              clock=FollowedClock(Path(config["clock"])), emit=events.emit, process="helper"))
+                              clock=FollowedClock(Path(config["clock"])), emit=emit,
+                              process=config.get("process", "helper")))
     if isinstance(fault, WriteListener):  # a helper is reached through its writes
         Interceptor(checkpoint_dir, [fault]).install()
 

@@ -36,6 +36,7 @@ from ..launch.interpreters import for_software
 from ..oracle import saved_check
 from ..oracle.evidence import collect_phase, follow_phase_events, stderr_tails
 from ..oracle.judge import judge
+from ..rank.helper_hook import hook_environment
 from . import availability, oracle_chain
 from .node_agents import NodeAgents
 from .reference_cache import ReferenceCache, reference_key
@@ -98,12 +99,14 @@ class Harness:
                 store.start()
                 plan.object_store = store.plan()
             if agents is not None:
-                agents.start()
                 plan.node_agents = str(agents.root)
+            first = plan.make(FIRST_RUN, case.workload.world_size, "fresh", save=True, inject=True,
+                              topology=case.placement)
+            if agents is not None:
+                arm_agent(case, agents, first)
+                agents.start()
             fault.setup(env)
-            phases.append(self.run_phase(plan.make(FIRST_RUN, case.workload.world_size, "fresh",
-                                                save=True, inject=True, topology=case.placement), case,
-                                      supervisor=fault if fault.supervises else None))
+            phases.append(self.run_phase(first, case, supervisor=fault if fault.supervises else None))
             if store is not None:
                 store.record_contents(FIRST_RUN)  # what the fault left in the bucket, before the restart
             if agents is not None:
@@ -229,6 +232,20 @@ def _node_agents(case: Case, work_dir: Path) -> NodeAgents | None:
     nodes = sorted({*case.placement.node_ids, *(n for i in case.incarnations for n in i.restart.placement.node_ids)})
     return NodeAgents(strategy.node_agent, work_dir / "node_agents", tuple(nodes), dict(case.strategy.options),
                       for_software(case.software, case.source, "software"))
+
+
+def arm_agent(case: Case, agents: NodeAgents, first: PhasePlan) -> None:
+    """A fault that acts in a node agent (``process: agent``): the first run's agent of the trigger
+    rank's node starts armed, following that rank's clock and writing into its event log."""
+    trigger = case.fault.trigger
+    if case.fault.params.get("process") != "agent" or trigger is None:
+        return
+    rank = trigger.rank
+    agents.arm(case.placement.node_of(rank), hook_environment(
+        rank=rank, world_size=first.world_size, case_file=Path(first.case_file),
+        checkpoint_dir=case.placement.storage_dir(Path(first.checkpoint_dir), rank),
+        events_path=first.events_path(rank), clock_path=Path(first.phase_dir) / f"rank{rank}.clock",
+        process="agent"))  # the agent's own software adds its PYTHONPATH after the hook's
 
 
 class _Planner:

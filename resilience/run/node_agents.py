@@ -4,6 +4,7 @@ stopped with the case. Everything here runs in the harness."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -37,9 +38,9 @@ class NodeAgents(NodeAgentControl):
     """One agent per node of the case, running ``module`` under ``interpreter`` (None: this one),
     given the strategy's ``options``.
 
-    Call order: ``start()``; then after each launch of the ranks but the last ``after_launch(status)``
-    (``workers_failed()`` or ``job_ended()``); ``lose(node)`` from a fault while ranks run;
-    ``stop()`` once, in a ``finally``."""
+    Call order: ``arm(node, environment)`` where a fault acts in an agent; ``start()``; then after
+    each launch of the ranks but the last ``after_launch(status)`` (``workers_failed()`` or
+    ``job_ended()``); ``lose(node)`` from a fault while ranks run; ``stop()`` once, in a ``finally``."""
 
     def __init__(self, module: str, root: Path, nodes: tuple[int, ...], options: dict,
                  interpreter: Interpreter | None = None):
@@ -47,6 +48,12 @@ class NodeAgents(NodeAgentControl):
         self.options = json.dumps(options)
         self.processes: dict[int, subprocess.Popen] = {}
         self.requests: dict[int, int] = {}
+        self.armed: dict[int, dict[str, str]] = {}  # node -> the environment arming a fault in its next agent
+
+    def arm(self, node: int, environment: dict[str, str]) -> None:
+        """Start node ``node``'s next agent with ``environment`` added (`rank.helper_hook`: the fault
+        acts in that agent); once: the agent that replaces it runs unarmed."""
+        self.armed[node] = environment
 
     def start(self) -> None:
         """Start every node's agent that is not running, each with a fresh directory, and wait
@@ -66,7 +73,8 @@ class NodeAgents(NodeAgentControl):
 
     def workers_failed(self) -> None:
         """The ranks failed: each live agent does its duties of a failure; a lost node's agent is
-        replaced by a fresh one (a new machine, empty memory)."""
+        replaced by a fresh one (a new machine, empty memory), and so is an agent that died alone
+        (killed by a fault: the same machine, its memory kept)."""
         self._ask(signal.SIGUSR1)
         self.start()
 
@@ -93,6 +101,8 @@ class NodeAgents(NodeAgentControl):
         name = agent_name(directory)
         env = dict(rank_environment(self.interpreter), **{DIR_ENV: str(directory), NAME_ENV: name,
                                                           NODE_ENV: str(node), OPTIONS_ENV: self.options})
+        for key, value in self.armed.pop(node, {}).items():  # a path the armed one adds goes first
+            env[key] = os.pathsep.join(filter(None, (value, env.get(key)))) if key == "PYTHONPATH" else value
         python = self.interpreter.python if self.interpreter else sys.executable
         with open(directory / "agent.out", "w") as out, open(directory / "agent.err", "w") as err:
             process = subprocess.Popen([python, "-m", self.module], stdin=subprocess.DEVNULL, stdout=out,
@@ -115,22 +125,36 @@ class NodeAgents(NodeAgentControl):
         self._forget(node)
 
     def _ask(self, signum: int) -> None:
+        for node in [node for node, process in self.processes.items() if process.poll() is not None]:
+            self._reap(node)  # it died on its own: nothing to ask; ``start`` replaces it
         for node, process in self.processes.items():
             self.requests[node] += 1
             janitor.signal_process(process.pid, signum)
-        for node in self.processes:
-            self._wait(node, answered(agent_dir(self.root, node), self.requests[node]), ANSWER_S, "to answer")
+        for node in list(self.processes):
+            self._wait(node, answered(agent_dir(self.root, node), self.requests[node]), ANSWER_S, "to answer",
+                       killed_ok=True)
 
-    def _wait(self, node: int, path: Path, seconds: float, what: str) -> None:
+    def _wait(self, node: int, path: Path, seconds: float, what: str, killed_ok: bool = False) -> None:
+        """Until the agent wrote ``path``; ``killed_ok``: an agent SIGKILLed meanwhile (a fault acting in
+        it, `rank.helper_hook`) is reaped, not an error."""
         deadline = time.monotonic() + seconds
         process = self.processes[node]
         while not path.exists():
+            if killed_ok and process.poll() == -signal.SIGKILL:
+                self._reap(node)
+                return
             if process.poll() is not None or time.monotonic() > deadline:
                 err = (agent_dir(self.root, node) / "agent.err").read_text()[-2000:]
                 state = (f"exited {process.returncode}" if process.returncode is not None
                          else f"no answer in {seconds:.0f} s")
                 raise HarnessError(f"node {node}'s agent ({self.module}) failed {what}: {state}\n{err}")
             time.sleep(0.02)
+
+    def _reap(self, node: int) -> None:
+        """Node ``node``'s agent died on its own: end what it left in its group, keep its memory."""
+        process = self.processes.pop(node)
+        janitor.kill_group(process.pid)
+        janitor.release("pgid", process.pid)
 
     def _forget(self, node: int) -> None:
         """Remove the host-wide resources the node's agent named with its prefix (its memory)."""

@@ -55,6 +55,18 @@ def memory_copy_problem(strategy: StrategySpec, fault: FaultSpec) -> tuple[str, 
             offering(frozenset({Capability.MEMORY_COPY})) or "a strategy with an in-memory tier")
 
 
+def node_agent_problem(strategy: StrategySpec, fault: FaultSpec) -> tuple[str, str, str, object] | None:
+    """A fault in a node agent (``process: agent``) needs a strategy that keeps one per node
+    (``CheckpointStrategy.node_agent``)."""
+    if fault.params.get("process") != "agent":
+        return None
+    if registry.resolve("strategy", strategy.name).node_agent is not None:
+        return None
+    keeping = [name for name in registry.STRATEGIES if registry.resolve("strategy", name).node_agent is not None]
+    return ("fault.process", f"acts in the node agent, and strategy {strategy.name} keeps none", "agent",
+            ", ".join(keeping) or "a strategy with node agents")
+
+
 def workload_option_problem(strategy: StrategySpec, workload: WorkloadSpec) -> tuple[str, str, str, object] | None:
     """A workload option the strategy, so configured, does not train with or save
     (`CheckpointStrategy.workload_options`), or per-rank streams for a library that trains its own

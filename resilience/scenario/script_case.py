@@ -231,4 +231,7 @@ def _checked_fault(v: Validator, value: Any, world_size: int, nnodes: int = 1) -
     if fault.trigger is not None and fault.trigger.point == MEMORY_COPY:
         raise v.error("fault.point", "fires inside a strategy's copy into memory, and a script offers no strategy",
                       MEMORY_COPY, "start")
+    if fault.params.get("process") == "agent":
+        raise v.error("fault.process", "acts in a node agent the harness keeps for a strategy, and a script's "
+                      "ranks have none", "agent", "rank, helper")
     return fault

@@ -27,6 +27,7 @@ from .capability_check import (
     capability_problem,
     memory_copy_problem,
     micro_step_problem,
+    node_agent_problem,
     verify_saves_setting,
     workload_option_problem,
 )
@@ -77,7 +78,7 @@ def check_case(document: Any, source: str, case_id: str = "", where: str = "",
             fault = v.section("fault", check_fault, v, doc.get("fault", {"kind": "none"}), workload)
     if strategy is not None and fault is not None:
         problem = capability_problem(strategy, fault.kind) or micro_step_problem(strategy, fault, workload) \
-            or memory_copy_problem(strategy, fault) \
+            or memory_copy_problem(strategy, fault) or node_agent_problem(strategy, fault) \
             or registry.resolve("fault", fault.kind).check_strategy(registry.resolve("strategy", strategy.name))
         if problem:
             v.note(v.error(*problem))

@@ -44,6 +44,11 @@ class Kill(Fault, WriteListener):
     ``process: helper`` kills, instead of the rank, a process the rank's library started to write
     for it (DeepSpeed's decoupled checkpoint writer, megatron-core's forked writer workers): the
     file trigger applies to that process's writes, and the rank lives on to find out.
+    ``process: agent`` kills the node agent of ``rank``'s node (a strategy with node agents,
+    `resilience.core.node_agents`: DLRover's saver persisting the node's memory) at its file point
+    during the step-``step`` save's persist, which follows that rank's last save begun; the ranks
+    live on, and the harness starts the node a new agent when they ended (the node's memory stays,
+    as on a machine that did not reboot).
     With ``process: rank``, a file the rank writes through a process it forked (megatron-core's
     writer workers inherit the rank's interception) kills the rank and that writer together, as a
     node loss does: the file is cut at the trigger and the rank is gone.
@@ -53,15 +58,16 @@ class Kill(Fault, WriteListener):
     kind = "kill"
     leaves_saves_alone = True
     in_timelines = True
-    params = {"once_written": (str, None), "process": (("rank", "helper"), "rank")}
+    params = {"once_written": (str, None), "process": (("rank", "helper", "agent"), "rank")}
     points = {**Fault.points, "save": (*Fault.points["save"], MEMORY_COPY), "train": ("start", MICRO_STEP)}
     strategy_points = (MEMORY_COPY,)
 
     @classmethod
     def check(cls, spec):
-        if spec.params.get("process") == "helper" and spec.trigger.point not in FILE_POINTS:
-            return ("fault.point", "a helper process is reached through its files only", spec.trigger.point,
-                    FILE_POINTS)
+        process = spec.params.get("process")
+        if process in ("helper", "agent") and spec.trigger.point not in FILE_POINTS:
+            return ("fault.point", f"a{'n' if process == 'agent' else ''} {process} process is reached through its "
+                    "files only", spec.trigger.point, FILE_POINTS)
         return None
 
     def __init__(self, spec):
@@ -80,7 +86,7 @@ class Kill(Fault, WriteListener):
         return self.trigger.point in FILE_POINTS and not self.reaches_helpers()
 
     def reaches_helpers(self) -> bool:
-        return self.spec.params.get("process") == "helper"
+        return self.spec.params.get("process") in ("helper", "agent")
 
     def in_trigger_window(self) -> bool:
         return self.env.process == self.spec.params.get("process", "rank") and super().in_trigger_window()
@@ -183,10 +189,10 @@ class Kill(Fault, WriteListener):
             file.flush_to_os()
         if not self._ready():
             return
-        helper = self.env.process == "helper"
+        helper = self.env.process in ("helper", "agent")
         detail = {"awaited": self._awaited} if self._awaited else {}
-        if helper:  # a killed helper ends only itself: what its rank then does is the evidence
-            detail["process"] = "helper"
+        if helper:  # a killed helper or agent ends only itself: what the ranks then do is the evidence
+            detail["process"] = self.env.process
         forked_writer = not helper and os.getpid() != self._armed_pid
         if forked_writer:
             detail["writer_pid"] = os.getpid()
