@@ -2,6 +2,7 @@
 selection, xdist, JUnit XML, and that a run leaves no rank process or work directory behind."""
 from __future__ import annotations
 
+import json
 import os
 import textwrap
 
@@ -87,6 +88,18 @@ def test_bad_file_is_a_collection_error_and_the_rest_still_runs(suite, tmp_path)
 def test_runs_under_xdist(suite):
     result = suite.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
+
+
+def test_a_run_records_each_case_duration_and_the_next_starts_the_longest_first(suite, tmp_path):
+    durations = tmp_path / "reference-cache" / "durations.json"
+    suite.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider").assert_outcomes(passed=2)
+    recorded = json.loads(durations.read_text())  # written once, by xdist's controller
+    ids = ["fast.scenario.yaml::strategy=torch.rank0", "fast.scenario.yaml::strategy=torch.per_rank"]
+    assert sorted(recorded) == sorted(ids) and all(seconds > 0 for seconds in recorded.values())
+    durations.write_text(json.dumps({ids[0]: 1.0, ids[1]: 9.0}))
+    suite.runpytest("--collect-only", "-q", "-p", "no:cacheprovider").stdout.fnmatch_lines([ids[1], ids[0]])
+    durations.write_text(json.dumps({ids[1]: 9.0}))  # a case never seen goes first
+    suite.runpytest("--collect-only", "-q", "-p", "no:cacheprovider").stdout.fnmatch_lines([ids[0], ids[1]])
 
 
 def test_failed_case_reports_verdict_and_replay(pytester):

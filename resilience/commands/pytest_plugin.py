@@ -20,6 +20,7 @@ from ..run.harness import Harness
 from ..run.reference_cache import ReferenceCache, default_cache_dir
 from ..scenario.discovery import is_scenario_file
 from ..scenario.loader import load_any_file
+from . import case_durations
 from .case_loop import skips_fail
 
 
@@ -41,6 +42,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "deep: a costly case (tier: deep), run only when -m names it: -m deep")
     config.addinivalue_line("markers", "scenario: a case from a resilience scenario file")
     config.addinivalue_line("markers", "script: a case on a user's own training script (black-box mode)")
+    if not hasattr(config, "workerinput"):  # a worker's reports reach the controller's hooks too
+        config.pluginmanager.register(DurationRecorder(_durations_path(config)), "resilience-durations")
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):
@@ -51,13 +54,33 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Cases of the deep tier run only where ``-m`` names them (``-m deep``); otherwise they are
-    deselected, as ``-m "not deep"`` would, and counted as such."""
-    if re.search(r"\bdeep\b", config.option.markexpr or ""):  # the marker, not strategy_deepspeed
-        return
-    deep = [item for item in items if item.get_closest_marker("deep")]
-    if deep:
-        config.hook.pytest_deselected(items=deep)
-        items[:] = [item for item in items if not item.get_closest_marker("deep")]
+    deselected, as ``-m "not deep"`` would, and counted as such. The cases then run longest first,
+    by what the last run recorded (`case_durations`; a case never seen goes first)."""
+    if not re.search(r"\bdeep\b", config.option.markexpr or ""):  # the marker, not strategy_deepspeed
+        deep = [item for item in items if item.get_closest_marker("deep")]
+        if deep:
+            config.hook.pytest_deselected(items=deep)
+            items[:] = [item for item in items if not item.get_closest_marker("deep")]
+    items[:] = case_durations.longest_first(items, case_durations.read(_durations_path(config)),
+                                            lambda item: item.nodeid if isinstance(item, CaseItem) else None)
+
+
+def _durations_path(config: pytest.Config) -> Path:
+    return case_durations.durations_path(config.option.resilience_cache or default_cache_dir())
+
+
+class DurationRecorder:
+    """In the run's controller (or a run without workers): each case's seconds, written at its end."""
+
+    def __init__(self, path: Path):
+        self.path, self.measured = path, {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if "scenario" in report.keywords:
+            self.measured[report.nodeid] = self.measured.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self) -> None:
+        case_durations.write(self.path, self.measured)
 
 
 def fail_skips_in_ci(report: pytest.TestReport) -> None:
