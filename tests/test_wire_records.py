@@ -56,3 +56,34 @@ def test_a_kind_reads_back_as_the_string_it_was_written_as():
     record = json.loads(json.dumps({"event": Event.FAULT_FIRED}))
     assert record["event"] == Event.FAULT_FIRED == "fault_fired" and f"{Event.FAULT_FIRED}" == "fault_fired"
     assert {record["event"]: 1}[Event.FAULT_FIRED] == 1  # hashed as its string: a dict of kinds finds it
+
+
+def bare_statuses(source: str) -> list[tuple[int, str]]:
+    """(line, what) for each string literal used as a phase's or a case's status: compared with a
+    ``status`` name or attribute, or passed as ``status=``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(_is_status(side) for side in [node.left, *node.comparators]):
+            found += [(node.lineno, f"compared with {literal!r}") for side in [node.left, *node.comparators]
+                      for literal in _literals(side)]
+        elif isinstance(node, ast.keyword) and node.arg == "status" and _literals(node.value):
+            found.append((node.value.lineno, f"status={node.value.value!r}"))
+    return found
+
+
+def _is_status(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "status") or (isinstance(node, ast.Name)
+                                                                           and node.id == "status")
+
+
+def test_no_phase_or_case_status_is_a_bare_string():
+    found = [f"{path.relative_to(PACKAGE.parent)}:{line}: {what}" for path in sorted(PACKAGE.rglob("*.py"))
+             for line, what in bare_statuses(path.read_text())]
+    assert not found, ("statuses as bare strings (name a member of core.records.PhaseStatus or "
+                       "oracle.outcome.CaseStatus):\n" + "\n".join(found))
+
+
+def test_the_status_check_sees_each_way_a_status_is_written():
+    source = ('phase.status == "completed"\nstatus != "failed"\nr.status in ("skipped", "error")\n'
+              'PhaseResult(status="deadline")\nphase.status == PhaseStatus.DEADLINE\nd["status"] == "x"\n')
+    assert [line for line, _ in bare_statuses(source)] == [1, 2, 3, 3, 4]

@@ -12,7 +12,7 @@ from ..core.case import Case
 from ..core.records import CaseResult
 from ..core.script_case import ScriptCase
 from ..errors import ResilienceError, Unavailable
-from ..oracle.outcome import judge_case, judge_outcome
+from ..oracle.outcome import CaseStatus, judge_case, judge_outcome
 from ..report.text import render, verdict_line
 from ..run.blackbox_records import BlackBoxResult, describe
 from ..scenario.discovery import load_all_cases, script_files
@@ -73,9 +73,9 @@ def run_and_report(cases: Iterable[Case | ScriptCase], run_case: Callable[[Case]
             continue
         outcome = judge_case(result)
         print(f"{outcome.status.upper():<6} {verdict_line(result)}", flush=True)
-        if show_findings and outcome.status != "failed":
+        if show_findings and outcome.status != CaseStatus.FAILED:
             print("\n".join(f"       {line}" for line in result.verdict.findings), flush=True)
-        if outcome.status == "failed":
+        if outcome.status == CaseStatus.FAILED:
             failures += 1
             print(render(result, outcome.reason), flush=True)
     return failures
@@ -96,7 +96,7 @@ def _run_script_case(case: ScriptCase, run_script: Callable[[ScriptCase], BlackB
     restored = "-" if result.verdict.restored_step is None else result.verdict.restored_step
     print(f"{outcome.status.upper():<6} {result.verdict.kind.value:<9} expected {case.expect.verdict.value:<9} "
           f"{name} (restored step {restored}, newest complete {result.verdict.complete_step})", flush=True)
-    if outcome.status != "failed":
+    if outcome.status != CaseStatus.FAILED:
         return 0
     print(f"{outcome.reason}\n{describe(result)}", flush=True)
     return 1

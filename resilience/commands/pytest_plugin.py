@@ -13,7 +13,7 @@ from ..core.script_case import ScriptCase
 from ..errors import CaseFailed, HarnessError, ScenarioError, Unavailable
 from ..faults.base import FaultUnavailable
 from ..launch.backend import BACKENDS, DEFAULT_BACKEND
-from ..oracle.outcome import judge_case, judge_outcome
+from ..oracle.outcome import CaseStatus, judge_case, judge_outcome
 from ..report.text import render
 from ..run.blackbox import describe, run_script_case
 from ..run.harness import Harness
@@ -176,9 +176,9 @@ class ScenarioItem(CaseItem):
         self._attach_logs(self.result)
         outcome = judge_case(self.result)
         self.user_properties.append(("verdict", self.result.verdict.kind.value))
-        if outcome.status == "xfailed":
+        if outcome.status == CaseStatus.XFAILED:
             pytest.xfail(outcome.reason)
-        if outcome.status == "failed":
+        if outcome.status == CaseStatus.FAILED:
             raise CaseFailed(render(self.result, outcome.reason))
 
     def _attach_logs(self, result: CaseResult) -> None:
@@ -206,8 +206,8 @@ class ScriptItem(CaseItem):
             pytest.skip(str(exc))
         self.user_properties.append(("verdict", result.verdict.kind.value))
         outcome = judge_outcome(self.case, result.verdict, result.fault_fired)
-        if outcome.status == "xfailed":
+        if outcome.status == CaseStatus.XFAILED:
             pytest.xfail(outcome.reason)
-        if outcome.status == "failed":
+        if outcome.status == CaseStatus.FAILED:
             raise CaseFailed(f"{self.case.source} [{self.case.id}] {self.case.name}: {outcome.reason}\n"
                              f"{describe(result)}")

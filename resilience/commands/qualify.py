@@ -28,6 +28,7 @@ from ..launch.backend import BACKENDS, DEFAULT_BACKEND
 from ..measure.environment import describe
 from ..measure.fsprobe import DEFAULT_SIZE, measure_write_bandwidth
 from ..measure.throughput import StrategyThroughput, measure
+from ..oracle.outcome import CaseStatus
 from ..report import html as qualify_html
 from ..report import junit
 from ..report.lost_work import lost_line, per_strategy
@@ -220,7 +221,7 @@ def main(args: argparse.Namespace, progress=None) -> int:
               f"cases{restore}"
               + (f"; {row.refused_with_intact} refused with an intact older checkpoint" if row.refused_with_intact
                  else ""), file=progress, flush=True)
-    skipped_in_ci = skips_fail() and any(r.status == "skipped" for r in records)
+    skipped_in_ci = skips_fail() and any(r.status == CaseStatus.SKIPPED for r in records)
     failed = bool(report.failed or load_errors or skipped_in_ci)
     print(f"{'FAILED' if failed else 'PASSED'}: {len(report.failed)} of {len(records)} cases failed"
           + (f", {len(load_errors)} files not loaded" if load_errors else "")

@@ -11,7 +11,7 @@ from ..core.case import Case
 from ..core.directory_cache import DirectoryCache
 from ..core.script_case import ScriptCase
 from ..errors import ResilienceError, Unavailable
-from ..oracle.outcome import judge_case, judge_outcome
+from ..oracle.outcome import CaseStatus, judge_case, judge_outcome
 from ..report.qualification import CaseRecord
 from ..run.blackbox import run_script_case
 from ..scenario.discovery import load_all_cases
@@ -63,9 +63,9 @@ def record_of(case: Case | ScriptCase, run_case: Callable[[Case], object], work_
         result = run_case(case)
         return CaseRecord.of(result, judge_case(result), time.monotonic() - started)
     except Unavailable as exc:
-        return CaseRecord.not_run(case, "skipped", str(exc), time.monotonic() - started)
+        return CaseRecord.not_run(case, CaseStatus.SKIPPED, str(exc), time.monotonic() - started)
     except ResilienceError as exc:
-        return CaseRecord.not_run(case, "error", str(exc), time.monotonic() - started)
+        return CaseRecord.not_run(case, CaseStatus.ERROR, str(exc), time.monotonic() - started)
 
 
 def run_cases(cases: list[Case | ScriptCase], run_case: Callable[[Case], object], progress,
@@ -77,6 +77,6 @@ def run_cases(cases: list[Case | ScriptCase], run_case: Callable[[Case], object]
         verdict = record.verdict or "-"
         print(f"[{index:>{len(str(len(cases)))}}/{len(cases)}] {record.status.upper():<7} {verdict:<9} "
               f"(expected {record.expected:<9}) {record.elapsed_s:6.1f} s  {record.label}", file=progress, flush=True)
-        if record.status in ("failed", "error", "skipped"):
+        if record.status in (CaseStatus.FAILED, CaseStatus.ERROR, CaseStatus.SKIPPED):
             print(f"    {record.reason.splitlines()[0] if record.reason else ''}", file=progress, flush=True)
     return records

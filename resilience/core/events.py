@@ -2,7 +2,6 @@
 `read_events`, followed while they grow by `EventFollower`) and the tails of their logs."""
 from __future__ import annotations
 
-import enum
 import json
 import os
 import time
@@ -10,10 +9,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from .wire import WireName
+
 LOG_TAIL_CHARS = 3000
 
 
-class Event(str, enum.Enum):
+class Event(WireName):
     """The kind of a rank event (its ``event`` field): a str, so a record is plain JSON and a
     kind compares equal to its name as read back."""
 
@@ -45,12 +46,6 @@ class Event(str, enum.Enum):
     TRACE_COMPLETE = "trace_complete"  # a traced save's IO is all recorded (power loss)
     ERROR = "error"  # an exception that ended the rank
     DONE = "done"  # the rank finished its phase
-
-    def __str__(self) -> str:  # its name as written, in messages too (as 3.11's StrEnum does)
-        return str.__str__(self)
-
-    def __format__(self, spec: str) -> str:
-        return format(str.__str__(self), spec)
 
 
 class EventLog:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .case import Case, VerdictKind
 from .events import Event
+from .wire import WireName
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,21 @@ class RankRecord:
     stderr_tail: str
 
 
+class PhaseStatus(WireName):
+    """How a phase (or any supervised group of processes) ended: a str, so a record is plain JSON."""
+
+    COMPLETED = "completed"  # every member exited 0
+    FAILED = "failed"  # a member failed (exited non-zero, or raised)
+    FAULT_KILLED = "fault_killed"  # failed, the first failure being the injected kill
+    DEADLINE = "deadline"  # the phase's deadline passed with members still running
+    NOT_STARTED = "not_started"  # never launched (an earlier phase failed)
+
+
 @dataclass(frozen=True)
 class PhaseResult:
     name: str
     world_size: int
-    status: str  # "completed", "failed", "fault_killed" or "deadline"
+    status: PhaseStatus
     ranks: tuple[RankRecord, ...]
     first_error: RankError | None
     fault_events: tuple[dict, ...]

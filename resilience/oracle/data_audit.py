@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from ..core.events import Event
-from ..core.records import PhaseResult
+from ..core.records import PhaseResult, PhaseStatus
 
 SHOWN = 4  # dataset indices quoted per finding
 
@@ -71,7 +71,7 @@ def audit(reference: PhaseResult, runs: list[PhaseResult], restored_steps: list[
     after the first restored. Empty where a run did not record its samples or the last launch did
     not complete."""
     expected, launches = step_samples(reference), [step_samples(run) for run in runs]
-    if expected is None or None in launches or runs[-1].status != "completed":
+    if expected is None or None in launches or runs[-1].status != PhaseStatus.COMPLETED:
         return []
     history: dict[int, list[int]] = {}  # what each restored state went on from: later launches win
     for samples, restored_step in zip(launches, [0, *restored_steps], strict=True):

@@ -11,10 +11,10 @@ from collections.abc import Iterable
 
 from ..core.events import Event, EventFollower, read_events, tail
 from ..core.plan import PhasePlan
-from ..core.records import PhaseResult, RankError, RankRecord
+from ..core.records import PhaseResult, PhaseStatus, RankError, RankRecord
 
 
-def collect_phase(plan: PhasePlan, status: str, codes: list[int | None], elapsed: float) -> PhaseResult:
+def collect_phase(plan: PhasePlan, status: PhaseStatus, codes: list[int | None], elapsed: float) -> PhaseResult:
     """A phase's result from the files its ranks wrote (``codes``: exit statuses, None for a rank
     torn down by its launcher). A failed phase whose first failure is an injected kill becomes
     ``fault_killed``: the errors of the peers are its consequences."""
@@ -25,10 +25,10 @@ def collect_phase(plan: PhasePlan, status: str, codes: list[int | None], elapsed
                                   stdout_tail=tail(out_path), stderr_tail=tail(err_path)))
     fault_events = tuple(e for r in records for e in r.events if e["event"] == Event.FAULT_FIRED)
     first_error = None
-    if status == "failed":
+    if status == PhaseStatus.FAILED:
         first_error = first_error_of(plan.name, records)
         if first_error is None:
-            status = "fault_killed"
+            status = PhaseStatus.FAULT_KILLED
     return PhaseResult(name=plan.name, world_size=plan.world_size, status=status, ranks=tuple(records),
                        first_error=first_error, fault_events=fault_events, elapsed_s=elapsed)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..core.case import Case
 from ..core.events import Event
-from ..core.records import Divergence, PhaseResult, RankError, Verdict
+from ..core.records import Divergence, PhaseResult, PhaseStatus, RankError, Verdict
 from . import data_audit, rules
 from .saved_check import findings as saved_check_findings
 
@@ -35,7 +35,7 @@ def judge(case: Case, reference: PhaseResult, first_run: PhaseResult, restart: P
     runs = [first_run, restart, *later]
     judged = [p for p in (first_run, restart, continuation, *later) if p is not None]
     checked = [saved_check[0]] if saved_check is not None else []
-    hung = next((p.name for p in judged + checked if p.status == "deadline"), None)
+    hung = next((p.name for p in judged + checked if p.status == PhaseStatus.DEADLINE), None)
     first_error = next((p.first_error for p in judged if p.first_error), None)
 
     divergence, found = rules.first_run_divergence(
@@ -103,11 +103,11 @@ def _restore_hop(case: Case, reference: PhaseResult, oracle: PhaseResult | None,
     for earlier in before:
         newest = max(earlier.complete_saves(), default=0)
         if newest and newest >= complete:
-            complete, ended, saver = newest, earlier.status == "completed", earlier
+            complete, ended, saver = newest, earlier.status == PhaseStatus.COMPLETED, earlier
     restored = run.restored()
     restored_step = restored[0]["step"] if 0 in restored else None
     logged = rules.logged_error(saver) if ended and restored_step is not None and restored_step < complete else None
-    if run.status == "completed" or len(restored) == run.world_size:
+    if run.status == PhaseStatus.COMPLETED or len(restored) == run.world_size:
         found, notes = rules.restore_findings({rank: e["step"] for rank, e in restored.items()}, complete,
                                               case.expect.fallback_ok, "its state is verified below", ended, logged)
         silent += found + rules.tier_findings(restored)
@@ -146,7 +146,7 @@ def went_on_as(run: PhaseResult, oracle: PhaseResult, step: int) -> bool:
     """Whether ``run`` completed with every loss after its restore of ``step`` equal, bit for bit,
     to ``oracle``'s (and trained at least one step after it)."""
     losses = {rank: run.losses(rank) for rank in range(run.world_size)}
-    if run.status != "completed" or not any(s > step for by_step in losses.values() for s in by_step):
+    if run.status != PhaseStatus.COMPLETED or not any(s > step for by_step in losses.values() for s in by_step):
         return False
     return not rules.after_restore_divergence(losses, oracle.losses(0), step, run.name)[1]
 

@@ -7,11 +7,23 @@ from dataclasses import dataclass
 from ..core.case import Case, VerdictKind
 from ..core.records import CaseResult, Verdict
 from ..core.script_case import ScriptCase
+from ..core.wire import WireName
+
+
+class CaseStatus(WireName):
+    """What became of a case: a str, so a report is plain JSON. The oracle gives the first three; a
+    case that could not run is ``skipped`` (something it needs is missing) or ``error`` (the harness)."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    XFAILED = "xfailed"  # the scenario's known issue reproduced
+    SKIPPED = "skipped"
+    ERROR = "error"
 
 
 @dataclass(frozen=True)
 class CaseOutcome:
-    status: str  # "passed", "failed" or "xfailed"
+    status: CaseStatus  # PASSED, FAILED or XFAILED
     reason: str
 
 
@@ -22,7 +34,7 @@ def judge_case(result: CaseResult) -> CaseOutcome:
 def judge_outcome(case: Case | ScriptCase, verdict: Verdict, fault_fired: bool) -> CaseOutcome:
     """A case on the framework's strategies or on a user's script: the same rules."""
     if case.fault.kind != "none" and not fault_fired:
-        return CaseOutcome("failed", f"the {case.fault.kind} fault never fired: its trigger "
+        return CaseOutcome(CaseStatus.FAILED, f"the {case.fault.kind} fault never fired: its trigger "
                                      f"{case.fault.trigger} was never reached, so the case tested nothing")
     matches = verdict.kind is case.expect.verdict
     if matches and case.expect.error and verdict.kind is VerdictKind.LOUD:
@@ -35,18 +47,18 @@ def judge_outcome(case: Case | ScriptCase, verdict: Verdict, fault_fired: bool) 
                    "(restored and verified in fresh ranks)")
         if case.known_issue and case.known_issue.verdict is VerdictKind.LOUD:  # the refusal is what is pinned
             issue = case.known_issue
-            return CaseOutcome("xfailed", f"known issue (LOUD, {refusal}): {issue.reason} {issue.link}")
-        return CaseOutcome("failed", f"fallback required: {refusal}")
+            return CaseOutcome(CaseStatus.XFAILED, f"known issue (LOUD, {refusal}): {issue.reason} {issue.link}")
+        return CaseOutcome(CaseStatus.FAILED, f"fallback required: {refusal}")
     if case.known_issue:
         issue = case.known_issue
         if verdict.kind is issue.verdict:
-            return CaseOutcome("xfailed", f"known issue ({issue.verdict.value}): {issue.reason} {issue.link}")
+            return CaseOutcome(CaseStatus.XFAILED, f"known issue ({issue.verdict.value}): {issue.reason} {issue.link}")
         if matches:
-            return CaseOutcome("failed", f"the known issue no longer reproduces: expected {issue.verdict.value} "
-                                         f"({issue.link}) but the case now gives {verdict.kind.value}; "
-                                         f"remove known_issue from the scenario")
+            return CaseOutcome(CaseStatus.FAILED, f"the known issue no longer reproduces: expected "
+                               f"{issue.verdict.value} ({issue.link}) but the case now gives {verdict.kind.value}; "
+                               "remove known_issue from the scenario")
     if matches:
-        return CaseOutcome("passed", "")
+        return CaseOutcome(CaseStatus.PASSED, "")
     if verdict.kind is case.expect.verdict:
-        return CaseOutcome("failed", mismatch)
-    return CaseOutcome("failed", f"verdict {verdict.kind.value}, expected {case.expect.verdict.value}")
+        return CaseOutcome(CaseStatus.FAILED, mismatch)
+    return CaseOutcome(CaseStatus.FAILED, f"verdict {verdict.kind.value}, expected {case.expect.verdict.value}")

@@ -6,7 +6,7 @@ written, whatever a later fault does: SILENT, named as such."""
 from __future__ import annotations
 
 from ..core.events import Event
-from ..core.records import PhaseResult
+from ..core.records import PhaseResult, PhaseStatus
 from . import rules
 
 
@@ -19,7 +19,7 @@ def findings(check: PhaseResult, steps: tuple[int, ...], reference: PhaseResult,
     """SILENT findings of the check phase; ``expected_state(reference, rank, step)``: the oracle's
     fingerprint (`judge.expected_state`)."""
     found: list[str] = []
-    if check.status == "deadline":  # a restore that never ends is a HANG, which the judge reports
+    if check.status == PhaseStatus.DEADLINE:  # a restore that never ends is a HANG, which the judge reports
         return found
     for step in steps:
         by_rank = {e["rank"]: e for e in check.events(Event.VERIFIED) if e["checked"] == step}

@@ -19,13 +19,13 @@ from ..measure.environment import Environment
 from ..measure.fsprobe import BandwidthProbe
 from ..measure.objprobe import ObjectBandwidthProbe
 from ..measure.throughput import StrategyThroughput
-from ..oracle.outcome import CaseOutcome
+from ..oracle.outcome import CaseOutcome, CaseStatus
 from .launches import launches, timeline_cost
 from .lost_work import per_strategy
 from .text import replay_command
 
-PASSING = ("passed", "xfailed")
-FAILING = ("failed", "error")  # a skip fails only under CI=true (the caller decides)
+PASSING = (CaseStatus.PASSED, CaseStatus.XFAILED)
+FAILING = (CaseStatus.FAILED, CaseStatus.ERROR)  # a skip fails only under CI=true (the caller decides)
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class CaseRecord:
     name: str
     strategy: str  # the name and options, e.g. "torch.per_rank {stagger: 1}"
     fault: str  # the kind and its trigger in words
-    status: str  # passed | failed | xfailed | skipped | error
+    status: CaseStatus
     reason: str
     verdict: str | None  # None when the case could not run (skipped, harness error)
     expected: str
@@ -81,7 +81,7 @@ class CaseRecord:
         return self.status in PASSING
 
     @classmethod
-    def not_run(cls, case: Case | ScriptCase, status: str, reason: str, elapsed_s: float) -> CaseRecord:
+    def not_run(cls, case: Case | ScriptCase, status: CaseStatus, reason: str, elapsed_s: float) -> CaseRecord:
         return cls(source=case.source, case_id=case.id, name=case.name, strategy=strategy_label(case),
                    fault=fault_label(case), status=status, reason=reason, verdict=None,
                    expected=case.expect.verdict.value, elapsed_s=elapsed_s,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import shlex
 
-from ..core.records import CaseResult
+from ..core.records import CaseResult, PhaseStatus
 from . import launches
 
 
@@ -54,7 +54,7 @@ def render(result: CaseResult, reason: str = "") -> str:
                      + (f"; fault fired: {fired}" if fired else ""))
     for phase in result.phases[1:]:
         for record in phase.ranks:
-            if record.stderr_tail.strip() and (phase.first_error or phase.status != "completed"):
+            if record.stderr_tail.strip() and (phase.first_error or phase.status != PhaseStatus.COMPLETED):
                 tail = "\n".join(record.stderr_tail.strip().splitlines()[-15:])
                 lines.append(f"--- {phase.name} rank {record.rank} stderr (tail) ---\n{tail}")
     lines.append(f"replay: {replay_command(case.source, case.id)}")

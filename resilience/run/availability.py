@@ -16,7 +16,7 @@ from ..core import registry
 from ..core.capabilities import Capability
 from ..core.case import Case
 from ..core.plan import FALLBACK, RESTART
-from ..core.records import PhaseResult
+from ..core.records import PhaseResult, PhaseStatus
 from ..oracle import rules
 from ..oracle.judge import expected_state
 
@@ -53,7 +53,7 @@ def intact(phase: PhaseResult, reference: PhaseResult, step: int) -> bool:
     """Every rank restored ``step`` with the reference's state, and trained on to the end with the
     reference's losses."""
     restored = phase.restored()
-    if phase.status != "completed" or len(restored) != phase.world_size:
+    if phase.status != PhaseStatus.COMPLETED or len(restored) != phase.world_size:
         return False
     for rank, event in restored.items():
         if event["step"] != step or expected_state(reference, rank, step) != event["fingerprint"]:

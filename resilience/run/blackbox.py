@@ -43,6 +43,7 @@ from ..core.directory_cache import DirectoryCache
 from ..core.elastic_layout import LAUNCH_ENV, Incarnation, incarnations_in
 from ..core.events import Event, EventFollower, read_events, tail
 from ..core.paths import PROJECT_ROOT
+from ..core.records import PhaseStatus
 from ..core.script_case import ScriptCase, ScriptLaunch
 from ..errors import HarnessError, NotReproducible, ScenarioError
 from ..faults.environment import CaseEnvironment
@@ -252,8 +253,9 @@ class _BlackBoxRun:
         # errors are the fault's doing
         node_lost = self.harness_side.acts_in_its_node and any(
             e["event"] == Event.FAULT_FIRED for path in armed() for e in read_events(path))
-        check_launcher(self.job, run_dir, launch, commands[0], failed=end.status != "completed" and not node_lost)
-        return f"launch {launch} of {run_dir.name}" if end.status == "deadline" else None
+        failed = end.status != PhaseStatus.COMPLETED and not node_lost
+        check_launcher(self.job, run_dir, launch, commands[0], failed=failed)
+        return f"launch {launch} of {run_dir.name}" if end.status == PhaseStatus.DEADLINE else None
 
     def _check_contract(self, run_dir: Path) -> None:
         for path in run_dir.glob("launch*/rank*.events.jsonl"):

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..core import janitor
 from ..core.events import read_events, tail
+from ..core.records import PhaseStatus
 from ..errors import ResilienceError
 from ..launch.backend import PopenRank, rank_environment, start_all
 from ..rank.checkpoint_check import CheckPlan
@@ -104,7 +105,7 @@ def _run_ranks(plan: CheckPlan, plan_path: Path, world_size: int, deadline_s: fl
 
     ranks = start_all(world_size, start_one)
     end = supervise(LocalRanks(ranks), deadline_after(deadline_s))
-    return list(end.codes), end.status == "deadline"
+    return list(end.codes), end.status == PhaseStatus.DEADLINE
 
 
 def _views(plan: CheckPlan, codes: list[int | None], work: Path):

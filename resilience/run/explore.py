@@ -33,7 +33,7 @@ from pathlib import Path
 from ..core.case import Case
 from ..core.events import Event
 from ..core.plan import FIRST_RUN
-from ..core.records import CaseResult, PhaseResult, Verdict
+from ..core.records import CaseResult, PhaseResult, PhaseStatus, Verdict
 from ..disk.crash_states import CrashModel, CrashPoint
 from ..disk.enumeration import distinct_states
 from ..disk.state_tree import read_tree, state_hash
@@ -128,7 +128,7 @@ class Explorer:
                                f"(restart.world_size {case.restart.world_size} != {case.workload.world_size})")
         first_run = self.run_phase(plan.make(FIRST_RUN, case.workload.world_size, "fresh", save=True,
                                                   inject=True), case)
-        if first_run.status != "completed":
+        if first_run.status != PhaseStatus.COMPLETED:
             raise HarnessError(f"the traced first run did not complete ({first_run.status}): "
                                f"{first_run.first_error.summary() if first_run.first_error else ''}")
         step = case.fault.trigger.step

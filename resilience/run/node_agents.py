@@ -25,6 +25,7 @@ from ..core.node_agents import (
     agent_name,
     answered,
 )
+from ..core.records import PhaseStatus
 from ..errors import HarnessError
 from ..launch.backend import rank_environment
 from ..launch.interpreters import Interpreter
@@ -64,9 +65,9 @@ class NodeAgents(NodeAgentControl):
         for node in self.nodes:
             self._wait(node, agent_dir(self.root, node) / READY, START_S, "to start")
 
-    def after_launch(self, status: str) -> None:
+    def after_launch(self, status: PhaseStatus) -> None:
         """What the agents do once a launch of the ranks ended with ``status`` (`PhaseResult.status`)."""
-        if status == "completed":
+        if status == PhaseStatus.COMPLETED:
             self.job_ended()
         else:
             self.workers_failed()

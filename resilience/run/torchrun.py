@@ -30,7 +30,7 @@ from ..core.case import Case
 from ..core.elastic_layout import LAUNCH_ENV, Incarnation, TorchrunLayout
 from ..core.events import Event, EventFollower, read_events, tail
 from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
-from ..core.records import CaseResult, PhaseResult
+from ..core.records import CaseResult, PhaseResult, PhaseStatus
 from ..core.topology import NODE_LOCAL
 from ..errors import HarnessError, StrategyUnavailable, TorchrunIncompatible
 from ..faults.base import CaseEnvironment, Fault
@@ -194,7 +194,7 @@ class _Driver:
         watch = ((lambda: supervisor.supervise(events(), group.rank_handles(self.case.workload.world_size)))
                  if supervisor is not None else None)
         end = supervise(group, expired, watch)
-        return _Hang(found[0].incarnation, found[0].phase, end.stopped) if end.status == "deadline" else None
+        return _Hang(found[0].incarnation, found[0].phase, end.stopped) if end.status == PhaseStatus.DEADLINE else None
 
     def _event_files(self, launch: int) -> list[Path]:
         """The event files of this launch's ranks, every incarnation and phase."""
@@ -231,7 +231,7 @@ class _Driver:
     def _phases(self, hang: _Hang | None) -> list[PhaseResult]:
         first = Incarnation(0, 0)
         reference = self._phase(first, REFERENCE, hang)
-        if reference.status != "completed":
+        if reference.status != PhaseStatus.COMPLETED:
             detail = reference.first_error.summary() if reference.first_error else reference.status
             raise HarnessError(f"the uninterrupted reference run did not complete under torchrun ({detail})\n"
                                + stderr_tails(reference)
@@ -243,8 +243,9 @@ class _Driver:
             phases += [self._phase(i, RESTART, hang) for i in later]
         else:  # the first run hung, or torchrun gave up (its store's host lost): nothing restarted
             log = self.layout.torchrun_log(max(self._launches, default=0), self.options.local_addr)
-            phases.append(PhaseResult(name=RESTART, world_size=self.case.restart.world_size, status="not_started",
-                                      ranks=(), fault_events=(), elapsed_s=0.0, first_error=None if hang else
+            phases.append(PhaseResult(name=RESTART, world_size=self.case.restart.world_size,
+                                      status=PhaseStatus.NOT_STARTED, ranks=(), fault_events=(), elapsed_s=0.0,
+                                      first_error=None if hang else
                                       launcher_error(log.read_text(errors="replace") if log.exists() else "", RESTART)))
         return phases
 
@@ -253,11 +254,11 @@ class _Driver:
         codes = [self._exit_status(incarnation, name, rank) for rank in range(plan.world_size)]
         hung = hang is not None and (hang.incarnation, hang.phase) == (incarnation, name)
         if hung:
-            status = "deadline"
+            status = PhaseStatus.DEADLINE
         elif all(code == 0 for code in codes):
-            status = "completed"
+            status = PhaseStatus.COMPLETED
         else:
-            status = "failed"
+            status = PhaseStatus.FAILED
         times = [e["time"] for rank in range(plan.world_size) for e in read_events(plan.events_path(rank))]
         result = collect_phase(plan, status, codes, max(times) - min(times) if times else 0.0)
         if not incarnation.is_first and incarnation != self._first_restart():  # a later, unjudged attempt

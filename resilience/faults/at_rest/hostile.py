@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...core.events import Event
 from ...core.plan import RESTART
+from ...core.records import PhaseStatus
 from ...disk.trace_targets import is_selector
 from ..base import CaseEnvironment
 from .damage import DamageAfterSave
@@ -152,7 +153,7 @@ class MaliciousPickle(DamageAfterSave):
         if not record.exists():  # the fault never fired: the outcome says so
             return ()
         restart = next((phase for phase in phases if phase.name == RESTART), None)
-        after = ", and the job went on" if restart is not None and restart.status == "completed" else ""
+        after = ", and the job went on" if restart is not None and restart.status == PhaseStatus.COMPLETED else ""
         found = []
         for carrier in json.loads(record.read_text()):
             canary = env.case_dir / carrier["canary"]
