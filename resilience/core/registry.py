@@ -23,6 +23,7 @@ STRATEGIES = {
     "hf_trainer": "resilience.strategies.transformers.strategy:TrainerCheckpoint",
     "torchtitan": "resilience.strategies.torchtitan.strategy:TorchtitanCheckpoint",
     "dlrover_flash": "resilience.strategies.dlrover.flash:FlashCheckpoint",
+    "gemini": "resilience.strategies.gemini.checkpoint:GeminiCheckpoint",
 }
 FAULTS = {
     "none": "resilience.faults.noop:NoFault",
@@ -56,7 +57,7 @@ FAULTS = {
 #: the stack packages: each declares its libraries in ``STACK`` (`resilience.strategies.stack.Stack`)
 STACKS = tuple(f"resilience.strategies.{name}"
                for name in ("torch", "deepspeed", "megatron", "lightning", "accelerate", "transformers", "torchtitan",
-                                "dlrover"))
+                                "dlrover", "gemini"))
 WORKLOADS = {
     "mlp": "resilience.workloads.mlp:MLPWorkload",
     "tp_mlp": "resilience.workloads.parallel_mlp:TensorParallelMLP",

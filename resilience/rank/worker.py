@@ -96,36 +96,43 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
                               node_agent_root=Path(plan.node_agents) if plan.node_agents else None)
     # every phase, the oracle's too: a strategy whose engine trains the model trains it everywhere
     strategy = registry.resolve("strategy", case.strategy.name)(context)
-    if fault:
-        fault.attach(strategy)
-    workload_cls = registry.resolve("workload", case.workload.model)
-    workload = workload_cls(case.workload, rank, plan.world_size, **(
-        {"topology": topology} if workload_cls.model_parallel else {}))  # collective: it may build groups
-    workload = strategy.prepare(workload)
-    observer = HarnessObserver(plan, case.workload.steps, case.workload.checkpoint_every, clock, fault, strategy,
-                               events.emit)
-    observer.load_started = time.monotonic()  # the time to restore goes in the report
-    if plan.start in RESTORING_STARTS:
-        clock.phase = "load"
-    if plan.start == "verify":  # no training: each save restored as a restart would, and reported
-        for step in plan.verify_steps:
-            strategy.load_step(workload, step)
-            events.emit(Event.VERIFIED, step=workload.step, checked=step, fingerprint=workload.fingerprint())
-    elif strategy.drives_training:  # the library's own loop restores, trains and saves
-        strategy.train(workload, observer)
-    else:
-        tier = {}
-        if plan.start == "strategy":
-            tier = load_reporting_tier(strategy, workload, checkpoint_dir)
-        elif plan.start == "step":  # the fallback probe: exactly this checkpoint, through the strategy
-            strategy.load_step(workload, plan.snapshot_step)
-        elif plan.start == "snapshot":
-            workload.load_reference_snapshot(observer.snapshot_path(plan.snapshot_step))
-        observer.restored(workload, **tier)
-        emergency = EmergencySave(events.emit) if plan.save and wanted_by(strategy) else None
-        train_with_harness_loop(workload, strategy, observer, emergency)
-    workload.close()
-    dist.barrier()
+    try:
+        if fault:
+            fault.attach(strategy)
+        workload_cls = registry.resolve("workload", case.workload.model)
+        workload = workload_cls(case.workload, rank, plan.world_size, **(
+            {"topology": topology} if workload_cls.model_parallel else {}))  # collective: it may build groups
+        workload = strategy.prepare(workload)
+        observer = HarnessObserver(plan, case.workload.steps, case.workload.checkpoint_every, clock, fault, strategy,
+                                   events.emit)
+        observer.load_started = time.monotonic()  # the time to restore goes in the report
+        if plan.start in RESTORING_STARTS:
+            clock.phase = "load"
+        if plan.start == "verify":  # no training: each save restored as a restart would, and reported
+            for step in plan.verify_steps:
+                strategy.load_step(workload, step)
+                events.emit(Event.VERIFIED, step=workload.step, checked=step, fingerprint=workload.fingerprint())
+        elif strategy.drives_training:  # the library's own loop restores, trains and saves
+            strategy.train(workload, observer)
+        else:
+            tier = {}
+            if plan.start == "strategy":
+                tier = load_reporting_tier(strategy, workload, checkpoint_dir)
+            elif plan.start == "step":  # the fallback probe: exactly this checkpoint, through the strategy
+                strategy.load_step(workload, plan.snapshot_step)
+            elif plan.start == "snapshot":
+                workload.load_reference_snapshot(observer.snapshot_path(plan.snapshot_step))
+            observer.restored(workload, **tier)
+            emergency = EmergencySave(events.emit) if plan.save and wanted_by(strategy) else None
+            train_with_harness_loop(workload, strategy, observer, emergency)
+        workload.close()
+        dist.barrier()
+    except BaseException:  # what the library does as a failed process exits (the worker's os._exit skips atexit)
+        try:
+            strategy.after_failure()
+        except Exception:  # noqa: BLE001 -- printed; the first failure stays the evidence
+            traceback.print_exc()
+        raise
     events.emit(Event.DONE, step=workload.step, peak_rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     if owns_group:
         dist.destroy_process_group()

@@ -21,7 +21,7 @@ from ..core.plan import (
     PhasePlan,
     launch_name,
 )
-from ..core.records import CaseResult, PhaseResult
+from ..core.records import CaseResult, PhaseResult, PhaseStatus
 from ..core.topology import Topology
 from ..errors import HarnessError, StrategyUnavailable
 from ..faults.base import CaseEnvironment
@@ -182,7 +182,7 @@ class Harness:
             launches.append(launch)
             if agents is not None and index < len(case.incarnations):
                 agents.after_launch(launch.status)
-            if launch.status not in ("completed", "fault_killed"):
+            if launch.status not in (PhaseStatus.COMPLETED, PhaseStatus.FAULT_KILLED):
                 break
         return launches
 
@@ -194,7 +194,7 @@ class Harness:
             result = self.run_phase(plan.make(REFERENCE, case.workload.world_size, "fresh", record_states=True,
                                            snapshot_dir=directory / "snapshots" if keep_snapshots else None,
                                            phase_dir=directory / REFERENCE, topology=case.placement), case)
-            if result.status != "completed":
+            if result.status != PhaseStatus.COMPLETED:
                 raise HarnessError(f"the uninterrupted reference run did not complete ({result.status}): "
                                    f"{result.first_error.summary() if result.first_error else ''}\n"
                                    + stderr_tails(result))
@@ -205,7 +205,7 @@ class Harness:
         entry = self.cache.entry(reference_key(case, keep_snapshots), run_into)
         stored = PhasePlan.read(entry / REFERENCE / "plan.json")
         stored = replace(stored, phase_dir=str(entry / REFERENCE))
-        result = collect_phase(stored, "completed", [0] * stored.world_size, 0.0)
+        result = collect_phase(stored, PhaseStatus.COMPLETED, [0] * stored.world_size, 0.0)
         return result, entry / "snapshots" if keep_snapshots else None
 
     def run_phase(self, plan: PhasePlan, case: Case, supervisor=None,
@@ -218,7 +218,8 @@ class Harness:
         plan_path = phase_dir / "plan.json"
         plan.write(plan_path)
         expired = deadline_after(case.timeouts.phase_s)
-        group = LocalRanks((backend or backend_for_case(case) or self.backend).start(plan, plan_path))
+        group = LocalRanks((backend or backend_for_case(case) or self.backend).start(plan, plan_path),
+                           registry.resolve("strategy", case.strategy.name).failure_grace_s)
         events = follow_phase_events(plan)
         watch = (lambda: supervisor.supervise(events(), group.ranks)) if supervisor is not None else None
         return collect(plan, supervise(group, expired, watch))

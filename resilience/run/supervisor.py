@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from ..core.janitor import signal_process
 from ..core.plan import PhasePlan
-from ..core.records import PhaseResult
+from ..core.records import PhaseResult, PhaseStatus
 from ..launch.backend import RankProcess, is_stopped
 from ..oracle.evidence import collect_phase, where_waiting
 
@@ -25,7 +25,7 @@ TEARDOWN_GRACE_S = 1.0  # how long survivors of a rank failure run on before the
 class GroupEnd:
     """How a supervised group ended."""
 
-    status: str  # "completed", "failed" (a member exited non-zero) or "deadline"
+    status: PhaseStatus  # COMPLETED, FAILED (a member exited non-zero) or DEADLINE
     codes: tuple[int | None, ...]  # each member's exit status; None: still running when torn down
     stopped: frozenset[int]  # at a deadline: ranks that were stopped (SIGSTOP), so dumped no stack
     elapsed_s: float
@@ -43,6 +43,8 @@ class RankGroup(ABC):
     #: True: a member that fails ends the group after TEARDOWN_GRACE_S, as torchrun's agent does.
     #: False: a launcher inside the group handles failures itself (torchrun's agent restarts ranks).
     fails_fast: bool = True
+    #: how long survivors of a failed member run on before `destroy` (`CheckpointStrategy.failure_grace_s`)
+    grace_s: float = TEARDOWN_GRACE_S
 
     @abstractmethod
     def poll(self) -> list[int | None]:
@@ -60,8 +62,9 @@ class RankGroup(ABC):
 class LocalRanks(RankGroup):
     """The ranks a `ProcessBackend` started: one member per rank."""
 
-    def __init__(self, ranks: Sequence[RankProcess]):
+    def __init__(self, ranks: Sequence[RankProcess], grace_s: float | None = None):
         self.ranks = list(ranks)
+        self.grace_s = TEARDOWN_GRACE_S if grace_s is None else grace_s
 
     def poll(self) -> list[int | None]:
         return [r.poll() for r in self.ranks]
@@ -126,21 +129,21 @@ def supervise(group: RankGroup, expired: Callable[[], bool], watch: Callable[[],
     """Run ``group`` to its end. ``expired()``: whether the deadline has passed (checked every poll);
     ``watch()``: called every poll while the group runs (a fault that acts from outside the ranks)."""
     started = time.monotonic()
-    status, codes, stopped = "completed", [None], frozenset()
+    status, codes, stopped = PhaseStatus.COMPLETED, [None], frozenset()
     try:
         while True:
             codes = group.poll()
             if group.fails_fast and any(code not in (None, 0) for code in codes):
-                status, codes = "failed", _grace(group)
+                status, codes = PhaseStatus.FAILED, _grace(group)
                 break
             if all(code is not None for code in codes):
                 if any(code != 0 for code in codes):
-                    status = "failed"
+                    status = PhaseStatus.FAILED
                 break
             if watch is not None:
                 watch()
             if expired():
-                status = "deadline"
+                status = PhaseStatus.DEADLINE
                 live = group.live_ranks()
                 stopped = frozenset(rank for rank, pid in live.items() if is_stopped(pid))
                 for pid in live.values():  # faulthandler in each rank prints every thread's stack
@@ -157,7 +160,7 @@ def collect(plan: PhasePlan, end: GroupEnd) -> PhaseResult:
     """The phase's result from its ranks' files and how the group ended (at a deadline: where
     each rank still running waits)."""
     result = collect_phase(plan, end.status, list(end.codes), end.elapsed_s)
-    if end.status == "deadline":
+    if end.status == PhaseStatus.DEADLINE:
         result = replace(result, hang_summary=tuple(
             where_waiting(record, record.rank in end.stopped) for record in result.ranks
             if record.returncode is None))
@@ -167,7 +170,7 @@ def collect(plan: PhasePlan, end: GroupEnd) -> PhaseResult:
 def _grace(group: RankGroup) -> list[int | None]:
     """Like torchrun's agent, notice a failure a moment late: survivors finish the write they are
     in (a peer's death reaches them at their next collective) instead of being cut at a random byte."""
-    until = time.monotonic() + TEARDOWN_GRACE_S
+    until = time.monotonic() + group.grace_s
     codes = group.poll()
     while time.monotonic() < until and any(code is None for code in codes):
         time.sleep(group.poll_s)

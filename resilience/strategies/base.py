@@ -57,6 +57,10 @@ class CheckpointStrategy(ABC):
     #: outlives its workers (`resilience.core.node_agents` says its protocol; the ranks find it
     #: through ``context.node_agent_root``). None: the strategy needs none. Read in the harness.
     node_agent: ClassVar[str | None] = None
+    #: how long the survivors of a failed rank may run on before the harness SIGKILLs them (None: one
+    #: second, enough to finish a write): a library that persists at a failed process's exit
+    #: (``after_failure``) needs its launcher's grace (torchrun's agent waits 30 s). Read in the harness.
+    failure_grace_s: ClassVar[float | None] = None
     #: the optional capabilities the class offers (`Capability`); it overrides each one's methods
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
     #: a `resilience.fuzz.models.RestoreModel` subclass replaying this strategy's placement for the
@@ -241,6 +245,12 @@ class CheckpointStrategy(ABC):
 
     def finish(self, workload: Workload) -> None:  # noqa: B027 -- optional: nothing by default
         """Commit whatever save is still in flight; called on every rank once training ended."""
+
+    def after_failure(self) -> None:  # noqa: B027 -- optional: nothing by default
+        """What the library does as a failed process exits (its ``atexit`` handlers: a rank ends with
+        ``os._exit``, which skips them); called on a rank whose phase raised, a peer's death
+        reaching it in a collective included, once, after this object exists, before the rank
+        reports its error and exits. Its survivors get ``failure_grace_s`` for it."""
 
     @abstractmethod
     def load(self, workload: Workload) -> None:
