@@ -66,8 +66,8 @@ def bare_statuses(source: str) -> list[tuple[int, str]]:
         if isinstance(node, ast.Compare) and any(_is_status(side) for side in [node.left, *node.comparators]):
             found += [(node.lineno, f"compared with {literal!r}") for side in [node.left, *node.comparators]
                       for literal in _literals(side)]
-        elif isinstance(node, ast.keyword) and node.arg == "status" and _literals(node.value):
-            found.append((node.value.lineno, f"status={node.value.value!r}"))
+        elif isinstance(node, ast.keyword) and node.arg == "status":
+            found += [(node.value.lineno, f"status={literal!r}") for literal in _literals(node.value)]
     return found
 
 

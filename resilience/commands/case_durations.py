@@ -3,7 +3,7 @@ first: under pytest-xdist a long case that starts last keeps one worker busy whi
 finished. The pytest plugin records every case's setup, call and teardown seconds in the run's
 controller and writes them at the session's end into the reference cache's directory
 (``durations.json``, beside the cached runs);
-at collection every process (the controller and each worker) reads the same file, so each orders
+at collection the controller reads the file once and hands it to every xdist worker, so each orders
 the same cases the same way, as xdist requires.
 """
 from __future__ import annotations
@@ -31,6 +31,8 @@ def read(path: Path) -> dict[str, float]:
         recorded = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return {}
+    if not isinstance(recorded, dict):
+        return {}
     return {key: float(value) for key, value in recorded.items() if isinstance(value, (int, float))}
 
 
@@ -42,9 +44,13 @@ def write(path: Path, measured: dict[str, float]) -> None:
     merged = {**read(path), **measured}
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{FILE_NAME}.")
-    with os.fdopen(descriptor, "w") as file:
-        json.dump(dict(sorted(merged.items())), file, indent=0)
-    os.replace(staging, path)
+    try:
+        with os.fdopen(descriptor, "w") as file:
+            json.dump(dict(sorted(merged.items())), file, indent=0)
+        os.replace(staging, path)
+    except BaseException:
+        os.unlink(staging)
+        raise
 
 
 def longest_first(items: Sequence[Item], durations: dict[str, float], key: Callable[[Item], str | None]) -> list[Item]:

@@ -61,8 +61,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if deep:
             config.hook.pytest_deselected(items=deep)
             items[:] = [item for item in items if not item.get_closest_marker("deep")]
-    items[:] = case_durations.longest_first(items, case_durations.read(_durations_path(config)),
+    recorded = config.workerinput.get(DURATIONS_INPUT, {}) if hasattr(config, "workerinput") \
+        else case_durations.read(_durations_path(config))
+    items[:] = case_durations.longest_first(items, recorded,
                                             lambda item: item.nodeid if isinstance(item, CaseItem) else None)
+
+
+DURATIONS_INPUT = "resilience_durations"  # the controller's one reading, handed to every xdist worker
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """(xdist, in the controller) Every worker orders the cases by the same reading of the durations,
+    as xdist requires, even if another run replaces the file meanwhile."""
+    node.workerinput[DURATIONS_INPUT] = case_durations.read(_durations_path(node.config))
 
 
 def _durations_path(config: pytest.Config) -> Path:

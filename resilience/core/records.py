@@ -44,7 +44,7 @@ class PhaseStatus(WireName):
     FAILED = "failed"  # a member failed (exited non-zero, or raised)
     FAULT_KILLED = "fault_killed"  # failed, the first failure being the injected kill
     DEADLINE = "deadline"  # the phase's deadline passed with members still running
-    NOT_STARTED = "not_started"  # never launched (an earlier phase failed)
+    NOT_STARTED = "not_started"  # never launched (the launch before it hung, or its launcher gave up)
 
 
 @dataclass(frozen=True)

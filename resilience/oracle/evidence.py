@@ -8,6 +8,7 @@ import re
 import signal
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 
 from ..core.events import Event, EventFollower, read_events, tail
 from ..core.plan import PhasePlan
@@ -31,6 +32,14 @@ def collect_phase(plan: PhasePlan, status: PhaseStatus, codes: list[int | None],
             status = PhaseStatus.FAULT_KILLED
     return PhaseResult(name=plan.name, world_size=plan.world_size, status=status, ranks=tuple(records),
                        first_error=first_error, fault_events=fault_events, elapsed_s=elapsed)
+
+
+def collect_again(plan: PhasePlan, phase: PhaseResult) -> PhaseResult:
+    """``phase`` read again from its ranks' files, as it ended: for events a process outside the
+    ranks wrote after they ended (a fault in a node agent that finished the job's work)."""
+    status = PhaseStatus.FAILED if phase.status == PhaseStatus.FAULT_KILLED else phase.status
+    again = collect_phase(plan, status, [record.returncode for record in phase.ranks], phase.elapsed_s)
+    return replace(again, hang_summary=phase.hang_summary)
 
 
 def follow_phase_events(plan: PhasePlan) -> EventFollower:

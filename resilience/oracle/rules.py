@@ -66,7 +66,7 @@ def tier_findings(restored: Mapping[int, Mapping]) -> list[str]:
     """A restore from several tiers (``RESTORE_TIERS``: memory and storage) must take every rank's
     state from one tier: a mix means the ranks disagreed on what survived, SILENT even where each
     rank's own state is a valid checkpoint. ``restored``: rank -> its ``restored`` event."""
-    tiers = {rank: event.get("tier") for rank, event in restored.items() if "tier" in event}
+    tiers = {rank: event["tier"] for rank, event in restored.items() if event.get("tier")}  # None: nothing restored
     if len(set(tiers.values())) < 2:
         return []
     return [f"ranks restored from different tiers: {dict(sorted(tiers.items()))} (every rank must restore "

@@ -1,7 +1,7 @@
 """Faults in the processes a rank's libraries start themselves (a checkpoint writer started with
 the spawn method): they inherit the rank's environment, so the rank exposes its fault there
 through a startup hook (``resilience/rank/startup/sitecustomize.py``) before the library starts them.
-The harness starts a node's agent (`resilience.core.node_agents`) with the same hook, as ``agent``.
+The harness starts a node's agent (`resilience.run.node_agents`) with the same hook, as ``agent``.
 
 In such a helper the fault is armed with ``process="helper"``, follows the step of the last save its
 rank began (a background writer writes after the rank's save call returned), writes its events into

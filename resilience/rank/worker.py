@@ -21,6 +21,7 @@ from ..core.events import Event, EventLog
 from ..core.plan import RESTART, RESTORING_STARTS, PhasePlan
 
 PR_SET_PDEATHSIG = 1
+REPORTED = "reported_as_evidence"  # set on an exception once its error event is written
 
 
 def die_with_parent() -> None:
@@ -127,15 +128,23 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
             train_with_harness_loop(workload, strategy, observer, emergency)
         workload.close()
         dist.barrier()
-    except BaseException:  # what the library does as a failed process exits (the worker's os._exit skips atexit)
-        try:
-            strategy.after_failure()
-        except Exception:  # noqa: BLE001 -- printed; the first failure stays the evidence
-            traceback.print_exc()
+    except BaseException as exc:
+        report_failure(events, exc)  # first: the failure is the evidence, whatever the exit handlers do
+        library_exit(strategy, failed=True)
         raise
+    library_exit(strategy, failed=False)  # before the groups go: the library's handlers may use them
     events.emit(Event.DONE, step=workload.step, peak_rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     if owns_group:
         dist.destroy_process_group()
+
+
+def library_exit(strategy: Any, failed: bool) -> None:
+    """The strategy's library's exit handlers (`CheckpointStrategy.at_exit`), which the rank's
+    ``os._exit`` would skip; an error there is printed, never the rank's evidence."""
+    try:
+        strategy.at_exit(failed)
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
 
 
 def redirect_output(log_paths: tuple[Path, Path]) -> None:
@@ -213,7 +222,14 @@ def main(argv: list[str]) -> int:
 
 
 def report_failure(events: EventLog, exc: BaseException) -> None:
-    """The rank's error as the verdict's evidence (event log) and for people (stderr)."""
+    """The rank's error as the verdict's evidence (event log) and for people (stderr), once per
+    exception (``run`` reports before its exit handlers; its caller reports whatever it raises)."""
+    if getattr(exc, REPORTED, False):
+        return
+    try:
+        setattr(exc, REPORTED, True)
+    except AttributeError:  # an exception type without attributes of its own: reported again at worst
+        pass
     events.emit(Event.ERROR, type=type(exc).__name__, message=str(exc)[:4000], chain=exception_chain(exc),
                 traceback=traceback.format_exc()[-8000:])
     traceback.print_exc()

@@ -34,7 +34,7 @@ from ..launch.backend import (
 )
 from ..launch.interpreters import for_software
 from ..oracle import saved_check
-from ..oracle.evidence import collect_phase, follow_phase_events, stderr_tails
+from ..oracle.evidence import collect_again, collect_phase, follow_phase_events, stderr_tails
 from ..oracle.judge import judge
 from ..rank.helper_hook import hook_environment
 from . import availability, oracle_chain
@@ -111,6 +111,8 @@ class Harness:
                 store.record_contents(FIRST_RUN)  # what the fault left in the bucket, before the restart
             if agents is not None:
                 agents.after_launch(phases[1].status)
+                if case.fault.params.get("process") == "agent":  # it may act as its agent ends the job's work
+                    phases[1] = collect_again(first, phases[1])
             # as the saves were made: before a heal that may damage files, after one that lifts a network rule
             checked = None if fault.leaves_saves_alone else self._check_saves(case, plan, phases[1])
             fault.heal(env)

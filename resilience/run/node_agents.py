@@ -81,8 +81,9 @@ class NodeAgents(NodeAgentControl):
 
     def job_ended(self) -> None:
         """The ranks finished: each agent waits for its background work, and the job ends with its
-        agents; a later launch is a new job, with new agents."""
-        self._ask(signal.SIGUSR2)
+        agents (a killed one's memory too); a later launch is a new job, with new agents."""
+        for node in self._ask(signal.SIGUSR2):
+            self._forget(node)
         self.stop()
         self.start()
 
@@ -125,34 +126,40 @@ class NodeAgents(NodeAgentControl):
         janitor.release("pgid", process.pid)
         self._forget(node)
 
-    def _ask(self, signum: int) -> None:
-        for node in [node for node, process in self.processes.items() if process.poll() is not None]:
-            self._reap(node)  # it died on its own: nothing to ask; ``start`` replaces it
+    def _ask(self, signum: int) -> list[int]:
+        """Send every live agent ``signum`` and wait for its answer; returns the nodes whose agent a
+        fault had SIGKILLed (before or meanwhile), reaped: ``start`` replaces them."""
+        killed = [node for node, process in self.processes.items() if process.poll() == -signal.SIGKILL]
+        for node in killed:
+            self._reap(node)
         for node, process in self.processes.items():
             self.requests[node] += 1
             janitor.signal_process(process.pid, signum)
         for node in list(self.processes):
-            self._wait(node, answered(agent_dir(self.root, node), self.requests[node]), ANSWER_S, "to answer",
-                       killed_ok=True)
+            if not self._wait(node, answered(agent_dir(self.root, node), self.requests[node]), ANSWER_S,
+                              "to answer", killed_ok=True):
+                killed.append(node)
+        return killed
 
-    def _wait(self, node: int, path: Path, seconds: float, what: str, killed_ok: bool = False) -> None:
-        """Until the agent wrote ``path``; ``killed_ok``: an agent SIGKILLed meanwhile (a fault acting in
-        it, `rank.helper_hook`) is reaped, not an error."""
+    def _wait(self, node: int, path: Path, seconds: float, what: str, killed_ok: bool = False) -> bool:
+        """Until the agent wrote ``path`` (True); ``killed_ok``: an agent SIGKILLed meanwhile (a fault
+        acting in it, `rank.helper_hook`) is reaped (False), not an error; any other end is one."""
         deadline = time.monotonic() + seconds
         process = self.processes[node]
         while not path.exists():
             if killed_ok and process.poll() == -signal.SIGKILL:
                 self._reap(node)
-                return
+                return False
             if process.poll() is not None or time.monotonic() > deadline:
                 err = (agent_dir(self.root, node) / "agent.err").read_text()[-2000:]
                 state = (f"exited {process.returncode}" if process.returncode is not None
                          else f"no answer in {seconds:.0f} s")
                 raise HarnessError(f"node {node}'s agent ({self.module}) failed {what}: {state}\n{err}")
             time.sleep(0.02)
+        return True
 
     def _reap(self, node: int) -> None:
-        """Node ``node``'s agent died on its own: end what it left in its group, keep its memory."""
+        """Node ``node``'s agent was killed alone: end what it left in its group, keep its memory."""
         process = self.processes.pop(node)
         janitor.kill_group(process.pid)
         janitor.release("pgid", process.pid)

@@ -133,6 +133,9 @@ def check_timeline(v: Validator, value: Any, workload: WorkloadSpec, topology: T
             allowed = sorted(name for name in registry.FAULTS if registry.resolve("fault", name).in_timelines)
             raise v.error(f"{where}.fault.kind", "cannot be armed in a later launch (it needs the first run's "
                           "setup, heal or findings)", fault.kind, allowed)
+        if fault.params.get("process") == "agent":  # the harness arms the first run's agents only
+            raise v.error(f"{where}.fault.process", "acts in a node agent, which is armed in the first launch only",
+                          "agent", "rank, helper (or the first launch's fault)")
         if index == 1 and acts_at_restart and fault.kind != "none":
             raise v.error(f"{where}.fault", f"the first run's {first_fault.kind} fault acts in the restart too: the "
                           "restart can have no fault of its own", fault.kind, "none")

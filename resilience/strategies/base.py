@@ -59,7 +59,7 @@ class CheckpointStrategy(ABC):
     node_agent: ClassVar[str | None] = None
     #: how long the survivors of a failed rank may run on before the harness SIGKILLs them (None: one
     #: second, enough to finish a write): a library that persists at a failed process's exit
-    #: (``after_failure``) needs its launcher's grace (torchrun's agent waits 30 s). Read in the harness.
+    #: (``at_exit``) needs its launcher's grace (torchrun's agent waits 30 s). Read in the harness.
     failure_grace_s: ClassVar[float | None] = None
     #: the optional capabilities the class offers (`Capability`); it overrides each one's methods
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
@@ -246,11 +246,11 @@ class CheckpointStrategy(ABC):
     def finish(self, workload: Workload) -> None:  # noqa: B027 -- optional: nothing by default
         """Commit whatever save is still in flight; called on every rank once training ended."""
 
-    def after_failure(self) -> None:  # noqa: B027 -- optional: nothing by default
-        """What the library does as a failed process exits (its ``atexit`` handlers: a rank ends with
-        ``os._exit``, which skips them); called on a rank whose phase raised, a peer's death
-        reaching it in a collective included, once, after this object exists, before the rank
-        reports its error and exits. Its survivors get ``failure_grace_s`` for it."""
+    def at_exit(self, failed: bool) -> None:  # noqa: B027 -- optional: nothing by default
+        """What the library's own exit handlers do as the process ends (``atexit``: a rank ends with
+        ``os._exit``, which skips them). Called on every rank once, last: after its phase ended
+        (``failed`` false), or after it raised and reported its error (``failed`` true; a peer's
+        death reaching it in a collective included: the survivors get ``failure_grace_s``)."""
 
     @abstractmethod
     def load(self, workload: Workload) -> None:

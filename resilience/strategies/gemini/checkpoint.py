@@ -14,10 +14,12 @@ restarted rank builds a new manager with the same run id and calls ``load(LATEST
 the folder; None when some rank has none: the script then starts over (GEMINI leaves a durable
 tier to the training framework).
 
-A rank of the harness ends with ``os._exit``, which skips ``atexit``: ``after_failure`` calls the
-same flush, and survivors get 30 s for it (``failure_grace_s``, as torchrun's agent waits after
-its SIGTERM). The folder is the rank's checkpoint directory: its node's own where the topology
-gives nodes local storage, so a lost node loses the replicas it held.
+The same handler also runs at a normal exit (every save arms it until ``close()``, which a script
+may never call): the job's end flushes too. A rank of the harness ends with ``os._exit``, which
+skips ``atexit``: ``at_exit`` calls the same flush, and survivors of a failure get 30 s for it
+(``failure_grace_s``, as torchrun's agent waits after its SIGTERM). The folder is the rank's
+checkpoint directory: its node's own where the topology gives nodes local storage, so a lost node
+loses the replicas it held.
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ RUN_ID = "resilience"  # one run across the case's launches: a relaunch may reco
 class GeminiCheckpoint(CheckpointStrategy):
     """Options: ``replication_jump`` (J: rank r's replica is on rank r ± J; default: the ranks per
     node, as lm-resiliency's auto-detection counts one node's GPUs, so replicas sit on another node;
-    1 on one node), ``verify_integrity`` (CRC-32 per shard on disk, checked at load; default true)."""
+    1 where the ranks do not split into pairs of nodes: one node, an odd number of nodes),
+    ``verify_integrity`` (CRC-32 per shard on disk, checked at load; default true)."""
 
     options = ("replication_jump", "verify_integrity")
     option_values: ClassVar[Mapping[str, Any]] = {"replication_jump": int, "verify_integrity": (True, False)}
@@ -75,6 +78,6 @@ class GeminiCheckpoint(CheckpointStrategy):
         if found is not None:  # None: nothing every rank holds; training starts over
             workload.load_state_dict(found[0])
 
-    def after_failure(self) -> None:
-        if self.manager is not None:
+    def at_exit(self, failed: bool) -> None:
+        if self.manager is not None:  # its atexit handler (_flush_on_exit, manager.py:1212-1222)
             self.manager.flush_for_restart()
