@@ -21,7 +21,11 @@ The ranks find their node's agent through ``StrategyContext.node_agent_dir``.
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
+import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 
 DIR_ENV = "RESILIENCE_NODE_AGENT_DIR"  # the agent's directory, in the agent's environment
@@ -45,6 +49,26 @@ def agent_name(directory: Path) -> str:
 def answered(directory: Path, count: int) -> Path:
     """The file the agent writes once it answered its ``count``-th request."""
     return Path(directory) / f"answered.{count}"
+
+
+def serve(directory: Path, workers_failed: Callable[[], None], job_ended: Callable[[], None],
+          poll_s: float = 0.05) -> None:
+    """The agent's side of the protocol, for every agent module: writes ``ready``, then answers each
+    request in order (SIGUSR1: ``workers_failed()``; SIGUSR2: ``job_ended()``; then ``answered.N``)
+    until SIGTERM, and returns. Called in the agent once it can serve; the handlers run in its main
+    thread, between polls."""
+    requests: list[int] = []
+    stop = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda *_: requests.append(signal.SIGUSR1))
+    signal.signal(signal.SIGUSR2, lambda *_: requests.append(signal.SIGUSR2))
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    (Path(directory) / READY).write_text(str(os.getpid()))
+    count = 0
+    while not stop.wait(poll_s):
+        while requests:
+            (workers_failed if requests.pop(0) == signal.SIGUSR1 else job_ended)()
+            count += 1
+            answered(directory, count).write_text("")
 
 
 class NodeAgentControl(ABC):

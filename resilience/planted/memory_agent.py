@@ -6,29 +6,12 @@ the job ends. It follows `resilience.core.node_agents`'s protocol and has no dut
 from __future__ import annotations
 
 import os
-import signal
-import threading
-from pathlib import Path
 
-from ..core.node_agents import DIR_ENV, READY, answered
-
-POLL_S = 0.05
+from ..core.node_agents import DIR_ENV, serve
 
 
 def main() -> None:
-    directory = Path(os.environ[DIR_ENV])
-    requests: list[int] = []
-    stop = threading.Event()
-    signal.signal(signal.SIGUSR1, lambda *_: requests.append(signal.SIGUSR1))
-    signal.signal(signal.SIGUSR2, lambda *_: requests.append(signal.SIGUSR2))
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    (directory / READY).write_text(str(os.getpid()))
-    count = 0
-    while not stop.wait(POLL_S):
-        while requests:
-            requests.pop(0)
-            count += 1
-            answered(directory, count).write_text("")
+    serve(os.environ[DIR_ENV], workers_failed=lambda: None, job_ended=lambda: None)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.capabilities import Capability
-from ..core.node_agents import agent_dir, agent_name
+from ..core.node_agents import SHARED_MEMORY, agent_dir, agent_name
 from ..strategies.base import CheckpointStrategy
 from ..workloads.base import Workload
 from .durable import write_durably
@@ -44,7 +44,7 @@ class TwoTierSave(CheckpointStrategy):
     @property
     def memory(self) -> Path:
         root = self.context.node_agent_root
-        return Path("/dev/shm") / f"{agent_name(agent_dir(root, self.context.node))}-tier"
+        return SHARED_MEMORY / f"{agent_name(agent_dir(root, self.context.node))}-tier"
 
     def save(self, workload: Workload, step: int) -> None:
         self.memory.mkdir(exist_ok=True)
@@ -52,7 +52,7 @@ class TwoTierSave(CheckpointStrategy):
         torch.save(workload.state_dict(), staged)
         os.replace(staged, self.memory / f"rank_{self.context.rank}.step_{step}.pt")
         for older in self.memory.glob(f"rank_{self.context.rank}.step_*.pt"):
-            if MEMORY_FILE.match(older.name) and int(MEMORY_FILE.match(older.name)[2]) != step:
+            if (match := MEMORY_FILE.match(older.name)) and int(match[2]) != step:
                 older.unlink()
         if step % self.context.options.get("storage_every", 8) == 0:
             self.storage(step).parent.mkdir(parents=True, exist_ok=True)

@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
-from ...core.node_agents import DIR_ENV, NAME_ENV, NODE_ENV, OPTIONS_ENV, READY, answered
+from ...core.node_agents import DIR_ENV, NAME_ENV, NODE_ENV, OPTIONS_ENV, serve
 from . import dlrover_environment, use_node_sockets
 
 POLL_S = 0.05
@@ -39,30 +37,22 @@ def main() -> None:
     directory, name, node = Path(os.environ[DIR_ENV]), os.environ[NAME_ENV], int(os.environ[NODE_ENV])
     at_breakpoint = bool(json.loads(os.environ[OPTIONS_ENV]).get("save_at_breakpoint", False))
     os.environ.update(dlrover_environment(name, node))
-    requests: list[int] = []
-    stop = threading.Event()
-    signal.signal(signal.SIGUSR1, lambda *_: requests.append(signal.SIGUSR1))
-    signal.signal(signal.SIGUSR2, lambda *_: requests.append(signal.SIGUSR2))
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     use_node_sockets(name)
     from dlrover.python.elastic_agent.torch.ckpt_saver import AsyncCheckpointSaver
 
+    def workers_failed() -> None:
+        saver = AsyncCheckpointSaver.get_ckpt_saver()
+        if saver is not None and at_breakpoint:
+            saver.save_shm_to_storage(BREAKPOINT_TIMEOUT_S, None)
+        AsyncCheckpointSaver.reset()
+
+    def job_ended() -> None:
+        saver = AsyncCheckpointSaver.get_ckpt_saver()
+        while saver is not None and saver.wait_saving_checkpoint():
+            time.sleep(POLL_S)
+
     AsyncCheckpointSaver.start_async_saving_ckpt()
-    (directory / READY).write_text(str(os.getpid()))
-    count = 0
-    while not stop.wait(POLL_S):
-        while requests:
-            request = requests.pop(0)
-            saver = AsyncCheckpointSaver.get_ckpt_saver()
-            if request == signal.SIGUSR1:
-                if saver is not None and at_breakpoint:
-                    saver.save_shm_to_storage(BREAKPOINT_TIMEOUT_S, None)
-                AsyncCheckpointSaver.reset()
-            elif saver is not None:
-                while saver.wait_saving_checkpoint():
-                    time.sleep(POLL_S)
-            count += 1
-            answered(directory, count).write_text("")
+    serve(directory, workers_failed, job_ended, POLL_S)
     saver = AsyncCheckpointSaver.get_ckpt_saver()
     if saver is not None:
         saver.close()
