@@ -26,9 +26,11 @@ if TYPE_CHECKING:
 
 HOWS = ("segfault", "abort", "os_exit", "thread_exception")
 FILE_POINTS = ("open", "write", "fsync", "close")
-# faulthandler's dump: "Fatal Python error: Segmentation fault", then one block per thread
-FATAL = re.compile(r"^Fatal Python error: (?P<what>.+)$", re.M)
-THREAD = re.compile(r"^(?P<head>(?:Current thread|Thread) 0x[0-9a-f]+)[^\n]*\n(?P<frames>(?:\s+File [^\n]*\n?)+)", re.M)
+# faulthandler's dump: "Fatal Python error: Segmentation fault", then one block per thread. It
+# writes a few bytes at a time while the process's other threads may write to stderr too, so a
+# block is read from its header to the next one, whatever lines came in between.
+FATAL = re.compile(r"Fatal Python error: (?P<what>[^\n]+)")
+THREAD_HEAD = re.compile(r"(?:Current thread|Thread) 0x[0-9a-f]+")
 FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
@@ -165,10 +167,17 @@ class Crash(Fault, WriteListener):
                         f"{event['step']}, in thread {event['thread']}: {ended}")
                 fatal = FATAL.search(record.stderr_tail)
                 if fatal:
-                    threads = [_innermost(m["head"], m["frames"]) for m in THREAD.finditer(record.stderr_tail)]
+                    threads = [_innermost(head, frames) for head, frames in _thread_blocks(record.stderr_tail)]
                     line += f"; faulthandler: {fatal['what']}; " + "; ".join(threads)
                 found.append(line)
         return tuple(found)
+
+
+def _thread_blocks(text: str) -> list[tuple[str, str]]:
+    """Each dumped thread's header and the text up to the next header."""
+    heads = list(THREAD_HEAD.finditer(text))
+    ends = [h.start() for h in heads[1:]] + [len(text)]
+    return [(h.group(), text[h.end():end]) for h, end in zip(heads, ends, strict=True)]
 
 
 def _innermost(head: str, frames: str) -> str:
