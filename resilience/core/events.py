@@ -48,6 +48,16 @@ class Event(WireName):
     DONE = "done"  # the rank finished its phase
 
 
+class ClockPhase(WireName):
+    """What a rank is doing (`Clock.phase`), as faults watch it and as events report it."""
+
+    IDLE = "idle"
+    TRAIN = "train"
+    SAVE = "save"
+    LOAD = "load"  # restoring
+    EMERGENCY = "emergency"  # the worker's emergency save after SIGTERM (faults may watch its writes)
+
+
 class EventLog:
     """Append-only JSON lines, flushed per event so a SIGKILL loses nothing already emitted."""
 

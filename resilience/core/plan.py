@@ -5,10 +5,24 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .wire import WireName
+
 REFERENCE, FIRST_RUN, RESTART, CONTINUATION = "reference", "first_run", "restart", "continuation"
-RESTORING_STARTS = ("strategy", "step", "verify")  # the starts that restore from the checkpoint
 SAVED_CHECK = "saved_check"  # fresh ranks restore every earlier save of the first run: lost at save time?
 FALLBACK = "fallback"  # after a refused restore: an older checkpoint restored with load_step in fresh ranks
+
+
+class Start(WireName):
+    """How a phase's ranks begin (`PhasePlan.start`), as strategies read it (`TrainingObserver.start`)."""
+
+    FRESH = "fresh"  # from the workload's initial state
+    STRATEGY = "strategy"  # strategy.load: the library's own checkpoint, as a restart restores it
+    STEP = "step"  # strategy.load_step(snapshot_step): exactly that checkpoint (the availability probe)
+    SNAPSHOT = "snapshot"  # the trusted reference snapshot of snapshot_step (the oracle's continuation)
+    VERIFY = "verify"  # each of verify_steps with load_step, reported, no training (the saved check)
+
+
+RESTORING_STARTS = (Start.STRATEGY, Start.STEP, Start.VERIFY)  # the starts that restore from the checkpoint
 
 
 def launch_name(index: int) -> str:
@@ -29,9 +43,7 @@ class PhasePlan:
     store_path: str  # FileStore rendezvous: no port, nothing listening
     checkpoint_dir: str
     phase_dir: str  # events and logs of each rank
-    # "fresh", "strategy" (strategy.load), "step" (strategy.load_step), "snapshot" (trusted reference
-    # snapshot) or "verify" (each of verify_steps with strategy.load_step, no training)
-    start: str
+    start: Start
     save: bool  # call strategy.save after each checkpoint step
     inject: bool  # arm the case's fault
     record_states: bool  # emit the state fingerprint at step 0 and after every step
@@ -55,6 +67,7 @@ class PhasePlan:
     @classmethod
     def read(cls, path: Path) -> "PhasePlan":
         data = json.loads(Path(path).read_text())
+        data["start"] = Start(data["start"])
         data["rank_map"] = tuple(data["rank_map"])
         data["foreign_roots"] = tuple(data.get("foreign_roots", ()))
         data["verify_steps"] = tuple(data.get("verify_steps", ()))

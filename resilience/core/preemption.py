@@ -27,9 +27,6 @@ from typing import Any, NoReturn
 
 from .events import Event
 
-#: Clock.phase while the worker runs an emergency save (faults may watch its writes)
-EMERGENCY_PHASE = "emergency"
-
 _received_at: float | None = None
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..core.case import Case
+from ..core.events import ClockPhase
 from ..core.node_agents import NodeAgentControl
 
 
@@ -19,7 +20,7 @@ class Clock:
     With ``publish_to`` set, every change is also written to that file, for the helper processes
     the rank's libraries start (they see it through `FollowedClock`)."""
 
-    phase: str = "idle"  # "train", "save" or "idle"
+    phase: ClockPhase = ClockPhase.IDLE
     step: int = 0
     save_step: int = 0  # the step of the last save this rank began (0: none yet)
     publish_to: Path | None = None
@@ -55,7 +56,7 @@ class FollowedClock:
 
     @property
     def phase(self) -> str:
-        return "save" if self.step else "idle"
+        return ClockPhase.SAVE if self.step else ClockPhase.IDLE
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..core.events import Event
+from ..core.events import ClockPhase, Event
 from ..disk.interception import STAGING_PREFIX
 from .environment import CaseEnvironment, RankEnvironment
 
@@ -137,7 +137,7 @@ class RankSide:
         """The rank's strategy, once constructed (a fault that plays a bug of the training script
         around it, e.g. a rank passing another tag, keeps it). Main thread, rank processes only."""
 
-    def at(self, phase: str, step: int) -> None:
+    def at(self, phase: ClockPhase, step: int) -> None:
         """The rank enters ``phase`` (``train`` or ``save``) of ``step``: called by the rank's loop
         in its main thread, before the step's all-reduce or the save's first file."""
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..core.case import VerdictKind
-from ..core.events import Event
+from ..core.events import ClockPhase, Event
 from ..core.records import RankError, Verdict
 from . import rules
 from .envelope import Envelope
@@ -226,9 +226,9 @@ def overwritten_notes(first_run: list[RankLog], complete: int) -> list[str]:
     """The newest complete checkpoint's files that a later save of the first run wrote again (a
     save in place: nothing intact was left to fall back to)."""
     kept = {(log.rank, file) for log in first_run for file, step, phase in log.written
-            if phase == "save" and step == complete}
+            if phase == ClockPhase.SAVE and step == complete}
     later = sorted({(step, file) for log in first_run for file, step, phase in log.written
-                    if phase == "save" and step > complete and (log.rank, file) in kept})
+                    if phase == ClockPhase.SAVE and step > complete and (log.rank, file) in kept})
     if not complete or not later:
         return []
     files = ", ".join(sorted({file for _, file in later}))
@@ -241,7 +241,7 @@ def read_notes(first_run: list[RankLog], restart: list[RankLog], restored: int |
     the first run; where those saves disagree with the restored step, said so."""
     if any(log.uses_contract for log in restart):
         return []
-    last_save = {file: step for log in first_run for file, step, phase in log.written if phase == "save"}
+    last_save = {file: step for log in first_run for file, step, phase in log.written if phase == ClockPhase.SAVE}
     read = sorted({file for log in restart for file in log.read})
     if not read:
         return ["the restart read no checkpoint file through open() before its first step (memory-mapped "

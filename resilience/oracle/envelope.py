@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..core.plan import FIRST_RUN
 from ..core.records import Divergence
 
 
@@ -88,7 +89,7 @@ class Envelope:
                 where = f"[{low!r}, {high!r}]" if low is not None else "(no uninterrupted run reached it)"
                 middle = None if low is None else (low + high) / 2
                 return (Divergence(phase=phase, rank=rank, step=step, expected=middle, got=losses[step]),
-                        [f"{'first run' if phase == 'first_run' else 'after restore'}: rank {rank} loss at step "
+                        [f"{'first run' if phase == FIRST_RUN else 'after restore'}: rank {rank} loss at step "
                          f"{step} is {losses[step]!r}, outside the envelope {where}"])
         return None, []
 

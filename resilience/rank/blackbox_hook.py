@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..core.events import Event
+from ..core.events import ClockPhase, Event
 from ..core.log_contract import parse_line
 
 ENV_VAR = "RESILIENCE_BLACKBOX"
@@ -30,7 +30,7 @@ def install(config_text: str) -> None:
     os.environ[_OWNER_ENV] = str(os.getpid())
     config = json.loads(config_text)
     from ..core.elastic_layout import Incarnation
-    from ..core.events import EventLog
+    from ..core.events import ClockPhase, EventLog
     from ..faults.base import Clock, RankEnvironment
     from .fault_arming import arm_in_rank
     from .step_observer import ReadFiles, StepObserver, WrittenFiles
@@ -50,7 +50,7 @@ def install(config_text: str) -> None:
     events = EventLog(directory / f"rank{rank}.events.jsonl", rank)
     events.emit(Event.STARTED, launch=incarnation.launch, restart_count=incarnation.restart)
     # a restarted rank is in its restore from its start until its first backward
-    clock = Clock(phase="idle" if incarnation.is_first else "load")
+    clock = Clock(phase=ClockPhase.IDLE if incarnation.is_first else ClockPhase.LOAD)
     written = WrittenFiles(events.emit, clock)
     fault = _armed_fault(config, incarnation)
     arm_in_rank(fault, RankEnvironment(rank=rank, world_size=world_size, checkpoint_dir=Path(config["checkpoint_dir"]),
@@ -111,7 +111,7 @@ class RankPlace:
         if (self.clock.phase, self.clock.step) == (phase, step):
             return
         self.clock.step, self.clock.phase = step, phase
-        if phase == "save":
+        if phase == ClockPhase.SAVE:
             self.clock.save_step = step
         if self.fault is not None:
             self.fault.at(phase, step)
@@ -129,7 +129,7 @@ class RankPlace:
     def exiting(self) -> None:
         """At a normal exit (atexit also runs after an uncaught exception: not then): a save the
         rank was in has returned, the script's final one."""
-        if self.failed or self.clock.phase != "save":
+        if self.failed or self.clock.phase != ClockPhase.SAVE:
             return
         if self.clock.step in self.written.save_steps:
             self.emit(Event.SAVE_RETURNED, step=self.clock.step)

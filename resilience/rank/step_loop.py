@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.capabilities import Capability
-from ..core.events import Event
-from ..core.plan import PhasePlan
+from ..core.events import ClockPhase, Event
+from ..core.plan import PhasePlan, Start
 from ..disk.read_interception import ReadCounter, ReadInterceptor
 from ..strategies.base import CheckpointStrategy, TrainingObserver
 from ..workloads.base import Workload
@@ -32,25 +32,25 @@ class HarnessObserver(TrainingObserver):
         """``tier``: where a tiered strategy's restore came from (`load_reporting_tier`)."""
         import time
 
-        self.clock.phase = "idle"
+        self.clock.phase = ClockPhase.IDLE
         load_s = time.monotonic() - self.load_started if self.load_started is not None else 0.0
         self.emit(Event.RESTORED, step=workload.step, fingerprint=workload.fingerprint(), load_s=load_s, **tier)
-        if self.start == "strategy":
+        if self.start == Start.STRATEGY:
             self.saved_step = workload.step
-        if self.plan.record_states and self.snapshots is not None and self.start == "fresh":
+        if self.plan.record_states and self.snapshots is not None and self.start == Start.FRESH:
             workload.save_reference_snapshot(self.snapshot_path(workload.step))
 
     def before_step(self, step: int) -> None:
-        self.clock.phase, self.clock.step = "train", step
+        self.clock.phase, self.clock.step = ClockPhase.TRAIN, step
         if self.fault:
-            self.fault.at("train", step)
+            self.fault.at(ClockPhase.TRAIN, step)
 
     def between_micro_steps(self, step: int) -> None:
         if self.fault:
             self.fault.between_micro_steps(step)
 
     def after_step(self, workload: Workload, step: int, loss: float) -> None:
-        self.clock.phase = "idle"
+        self.clock.phase = ClockPhase.IDLE
         samples = workload.consumed_samples()  # the data audit: what the step's batch held
         self.emit(Event.LOSS, step=step, loss=loss, **({"samples": samples} if samples is not None else {}))
         if self.plan.record_states:  # every step: an emergency save (on SIGTERM) may restore any of them
@@ -63,13 +63,13 @@ class HarnessObserver(TrainingObserver):
         return self.snapshots / f"step_{step}"
 
     def before_save(self, step: int) -> None:
-        self.clock.phase, self.clock.save_step = "save", step
+        self.clock.phase, self.clock.save_step = ClockPhase.SAVE, step
         self.emit(Event.SAVE_BEGIN, step=step)
         if self.fault:
-            self.fault.at("save", step)
+            self.fault.at(ClockPhase.SAVE, step)
 
     def after_save(self, step: int) -> None:
-        self.clock.phase = "idle"
+        self.clock.phase = ClockPhase.IDLE
         self.emit(Event.SAVE_RETURNED, step=step)
         if self.fault:
             self.fault.after_save(self.strategy, step)
@@ -97,16 +97,14 @@ def train_with_harness_loop(workload: Workload, strategy: CheckpointStrategy, ob
                             emergency: Any) -> None:
     """The harness's own loop: ``train_step`` per step, ``strategy.save`` at checkpoint steps, the
     SIGTERM emergency save between steps (``emergency``: an `EmergencySave`, or None)."""
-    from ..core.preemption import EMERGENCY_PHASE
-
     clock = observer.clock
     trained = workload.inner if workload.inner is not None else workload
     trained.micro_step_listener = observer.between_micro_steps
 
     def emergency_save() -> None:
-        clock.phase = EMERGENCY_PHASE
+        clock.phase = ClockPhase.EMERGENCY
         strategy.save(workload, workload.step)
-        clock.phase = "idle"
+        clock.phase = ClockPhase.IDLE
 
     while workload.step < observer.steps:
         if emergency is not None and emergency.requested():  # between steps, agreed by every rank

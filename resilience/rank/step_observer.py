@@ -36,7 +36,7 @@ import random
 import sys
 from typing import Any, Callable
 
-from ..core.events import Event
+from ..core.events import ClockPhase, Event
 from ..faults.listeners import ReadListener, WriteListener
 
 
@@ -139,7 +139,7 @@ class StepObserver:
             if self.steps:
                 self.on_save_returned(self.steps)
             self.training = True
-            self.on_phase("train", self.steps + 1)
+            self.on_phase(ClockPhase.TRAIN, self.steps + 1)
         self.micro_losses.append(float(loss.detach().float().sum()))
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -158,7 +158,7 @@ class StepObserver:
         # the state a save of this step holds: what a restart's first step must start from
         self.emit(Event.STEP_DONE, step=self.steps, digest=state_digest(optimizer, rng=False))
         self.at_boundary = self.training = False
-        self.on_phase("save", self.steps)
+        self.on_phase(ClockPhase.SAVE, self.steps)
 
 
 class WrittenFiles(WriteListener):
@@ -171,7 +171,7 @@ class WrittenFiles(WriteListener):
         self.save_steps: set[int] = set()  # steps in whose save this rank wrote a file
 
     def on_open(self, file) -> None:
-        if self.clock.phase == "save":
+        if self.clock.phase == ClockPhase.SAVE:
             self.save_steps.add(self.clock.step)
         self.emit(Event.FILE_WRITTEN, file=file.relative, step=self.clock.step, phase=self.clock.phase)
 
@@ -187,7 +187,7 @@ class ReadFiles(ReadListener):
         self.seen: set[str] = set()
 
     def wants_read(self, relative: str) -> bool:
-        return self.clock.phase == "load" and relative not in self.seen
+        return self.clock.phase == ClockPhase.LOAD and relative not in self.seen
 
     def on_open_read(self, path, relative: str) -> None:
         self.seen.add(relative)

@@ -17,8 +17,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ..core.events import Event, EventLog
-from ..core.plan import RESTART, RESTORING_STARTS, PhasePlan
+from ..core.events import ClockPhase, Event, EventLog
+from ..core.plan import RESTART, RESTORING_STARTS, PhasePlan, Start
 
 PR_SET_PDEATHSIG = 1
 REPORTED = "reported_as_evidence"  # set on an exception once its error event is written
@@ -108,8 +108,8 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
                                    events.emit)
         observer.load_started = time.monotonic()  # the time to restore goes in the report
         if plan.start in RESTORING_STARTS:
-            clock.phase = "load"
-        if plan.start == "verify":  # no training: each save restored as a restart would, and reported
+            clock.phase = ClockPhase.LOAD
+        if plan.start == Start.VERIFY:  # no training: each save restored as a restart would, and reported
             for step in plan.verify_steps:
                 strategy.load_step(workload, step)
                 events.emit(Event.VERIFIED, step=workload.step, checked=step, fingerprint=workload.fingerprint())
@@ -117,11 +117,11 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
             strategy.train(workload, observer)
         else:
             tier = {}
-            if plan.start == "strategy":
+            if plan.start == Start.STRATEGY:
                 tier = load_reporting_tier(strategy, workload, checkpoint_dir)
-            elif plan.start == "step":  # the fallback probe: exactly this checkpoint, through the strategy
+            elif plan.start == Start.STEP:  # the fallback probe: exactly this checkpoint, through the strategy
                 strategy.load_step(workload, plan.snapshot_step)
-            elif plan.start == "snapshot":
+            elif plan.start == Start.SNAPSHOT:
                 workload.load_reference_snapshot(observer.snapshot_path(plan.snapshot_step))
             observer.restored(workload, **tier)
             emergency = EmergencySave(events.emit) if plan.save and wanted_by(strategy) else None

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..core import registry
 from ..core.case import Case
 from ..core.events import Event
-from ..core.plan import FALLBACK, RESTART
+from ..core.plan import FALLBACK, RESTART, Start
 from ..core.records import PhaseResult
 from ..disk.state_tree import materialise, remove_tree
 from ..launch.backend import ProcessBackend, backend_for_launch
@@ -39,16 +39,16 @@ class CrashRestores:
 
     def restore(self, files, dirs, digest: str, fresh: bool = False) -> PhaseResult:
         warm = self.pool is not None and not fresh
-        return self._in_state(files, dirs, f"{'fresh-' if fresh else ''}{digest[:12]}", RESTART, "strategy", None,
+        return self._in_state(files, dirs, f"{'fresh-' if fresh else ''}{digest[:12]}", RESTART, Start.STRATEGY, None,
                               lambda plan: self.pool.restore(plan, self.case.timeouts.phase_s) if warm else None)
 
     def restore_step(self, files, dirs, digest: str, step: int) -> PhaseResult:
         """The availability probe of a refused restore (`resilience.run.availability`): the crash
         state again, its step ``step`` restored with ``load_step`` in fresh ranks."""
-        return self._in_state(files, dirs, f"{FALLBACK}-{step}-{digest[:12]}", FALLBACK, "step", step,
+        return self._in_state(files, dirs, f"{FALLBACK}-{step}-{digest[:12]}", FALLBACK, Start.STEP, step,
                               lambda plan: None)
 
-    def _in_state(self, files, dirs, label: str, phase: str, start: str, step: int | None, warm) -> PhaseResult:
+    def _in_state(self, files, dirs, label: str, phase: str, start: Start, step: int | None, warm) -> PhaseResult:
         """Materialise the state, run ``phase`` on it (``warm(plan)``: its result from the warm pool,
         or None: in fresh ranks through the harness), remove the state unless kept."""
         name = f"{self.count:04d}-{label}"

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ..core.case import Case
 from ..core.events import Event
-from ..core.plan import FIRST_RUN
+from ..core.plan import FIRST_RUN, Start
 from ..core.records import CaseResult, PhaseResult, PhaseStatus, Verdict
 from ..disk.crash_states import CrashModel, CrashPoint
 from ..disk.enumeration import distinct_states
@@ -126,7 +126,7 @@ class Explorer:
         if case.topology_changes:
             raise HarnessError(f"{case.source}: a power_loss case restores at the world size it saved with "
                                f"(restart.world_size {case.restart.world_size} != {case.workload.world_size})")
-        first_run = self.run_phase(plan.make(FIRST_RUN, case.workload.world_size, "fresh", save=True,
+        first_run = self.run_phase(plan.make(FIRST_RUN, case.workload.world_size, Start.FRESH, save=True,
                                                   inject=True), case)
         if first_run.status != PhaseStatus.COMPLETED:
             raise HarnessError(f"the traced first run did not complete ({first_run.status}): "

@@ -19,6 +19,7 @@ from ..core.plan import (
     RESTORING_STARTS,
     SAVED_CHECK,
     PhasePlan,
+    Start,
     launch_name,
 )
 from ..core.records import CaseResult, PhaseResult, PhaseStatus
@@ -100,7 +101,7 @@ class Harness:
                 plan.object_store = store.plan()
             if agents is not None:
                 plan.node_agents = str(agents.root)
-            first = plan.make(FIRST_RUN, case.workload.world_size, "fresh", save=True, inject=True,
+            first = plan.make(FIRST_RUN, case.workload.world_size, Start.FRESH, save=True, inject=True,
                               topology=case.placement)
             if agents is not None:
                 arm_agent(case, agents, first)
@@ -126,8 +127,9 @@ class Harness:
             phases += [continuation] if continuation is not None else []
             others = {id(o): o for o in judging[1:] if o is not None and o is not reference and o is not continuation}
             intact_step, probes = availability.probe(case, phases[1], restart, reference, lambda step: self.run_phase(
-                plan.make(FALLBACK, case.restart.world_size, "step", snapshot_step=step, rank_map=case.restart.rank_map,
-                          phase_dir=work_dir / f"{FALLBACK}_step_{step}", topology=case.restart.placement), case,
+                plan.make(FALLBACK, case.restart.world_size, Start.STEP, snapshot_step=step,
+                          rank_map=case.restart.rank_map, phase_dir=work_dir / f"{FALLBACK}_step_{step}",
+                          topology=case.restart.placement), case,
                 backend=backend_for_launch(case, 1)))  # the restart's own software: could it have restored it?
             found = fault.findings(env, tuple(phases))
             noted = fault.notes(env, tuple(phases))
@@ -155,7 +157,7 @@ class Harness:
             steps = steps[-1:]
         if not steps:
             return None
-        return self.run_phase(plan.make(SAVED_CHECK, case.workload.world_size, "verify", topology=case.placement,
+        return self.run_phase(plan.make(SAVED_CHECK, case.workload.world_size, Start.VERIFY, topology=case.placement,
                                         verify_steps=steps), case), steps
 
     def _launches(self, case: Case, plan: "_Planner", env: CaseEnvironment,
@@ -173,7 +175,7 @@ class Harness:
             fault.setup(env)  # a launch's own fault (`Fault.in_timelines`: no first-run setup or heal)
             try:
                 launch = self.run_phase(plan.make(
-                    launch_name(index), incarnation.restart.world_size, "strategy", save=True,
+                    launch_name(index), incarnation.restart.world_size, Start.STRATEGY, save=True,
                     inject=incarnation.fault.kind != "none", rank_map=incarnation.restart.rank_map,
                     topology=incarnation.restart.placement, case_file=case_file,
                     foreign=tuple(str(plan.work_dir / launch_name(i)) for i in range(1, index))), case,
@@ -193,7 +195,7 @@ class Harness:
         keep_snapshots = case.keeps_snapshots
 
         def run_into(directory: Path) -> PhaseResult:
-            result = self.run_phase(plan.make(REFERENCE, case.workload.world_size, "fresh", record_states=True,
+            result = self.run_phase(plan.make(REFERENCE, case.workload.world_size, Start.FRESH, record_states=True,
                                            snapshot_dir=directory / "snapshots" if keep_snapshots else None,
                                            phase_dir=directory / REFERENCE, topology=case.placement), case)
             if result.status != PhaseStatus.COMPLETED:
@@ -261,7 +263,7 @@ class _Planner:
         """The topology a phase runs at: the restart's for the restart and the oracle's continuation."""
         return self.case.restart.placement if name in (RESTART, CONTINUATION) else self.case.placement
 
-    def make(self, name: str, world_size: int, start: str, *, save: bool = False, inject: bool = False,
+    def make(self, name: str, world_size: int, start: Start, *, save: bool = False, inject: bool = False,
              record_states: bool = False, snapshot_dir: Path | None = None, snapshot_step: int | None = None,
              rank_map: tuple[int, ...] | None = None, phase_dir: Path | None = None,
              topology: Topology | None = None, case_file: Path | None = None,

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..core.case import VerdictKind
+from ..core.events import ClockPhase
+from ..core.plan import RESTART
 from ..core.records import Verdict
 from ..oracle.blackbox import RankLog, judge_logs
 from ..oracle.envelope import Envelope
@@ -24,7 +26,7 @@ from ..oracle.envelope import Envelope
 
 def newest_save_files(first_run: list[RankLog]) -> tuple[int, list[str]]:
     """The newest step the first run saved files in, and those of its files no older save wrote."""
-    saves = [(step, file) for log in first_run for file, step, phase in log.written if phase == "save"]
+    saves = [(step, file) for log in first_run for file, step, phase in log.written if phase == ClockPhase.SAVE]
     if not saves:
         return 0, []
     newest = max(step for step, _ in saves)
@@ -38,7 +40,7 @@ def probe_older_checkpoint(verdict: Verdict, reference: list[RankLog], first_run
                            envelope: Envelope | None = None) -> Verdict:
     """``restart_once_more()``: launch the restart again (no fault) and return its ranks' logs, or
     None when it did not start or hung. Returns the verdict with what the probe found."""
-    if verdict.kind is not VerdictKind.LOUD or verdict.first_error is None or verdict.first_error.phase != "restart":
+    if verdict.kind is not VerdictKind.LOUD or verdict.first_error is None or verdict.first_error.phase != RESTART:
         return verdict
     step, files = newest_save_files(first_run)
     if not files:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..core.case import Case
-from ..core.plan import CONTINUATION, FALLBACK, PhasePlan
+from ..core.plan import CONTINUATION, FALLBACK, PhasePlan, Start
 from ..core.records import PhaseResult
 from ..launch.backend import backend_for_launch
 from . import availability
@@ -23,7 +23,7 @@ def probe_in_local_ranks(case: Case, case_file: Path, checkpoint_dir: Path, work
         phase_dir = work_dir / f"{FALLBACK}_step_{step}"
         plan = PhasePlan(name=FALLBACK, case_file=str(case_file), world_size=case.restart.world_size,
                          store_path=str(phase_dir / "store"), checkpoint_dir=str(checkpoint_dir),
-                         phase_dir=str(phase_dir), start="step", save=False, inject=False, record_states=False,
+                         phase_dir=str(phase_dir), start=Start.STEP, save=False, inject=False, record_states=False,
                          snapshot_dir=None, snapshot_step=step, rank_map=case.restart.rank_map,
                          collective_timeout_s=case.timeouts.collective_s)
         return harness.run_phase(plan, case, backend=backend_for_launch(case, 1))
@@ -40,7 +40,7 @@ def continue_in_local_ranks(case: Case, case_file: Path, checkpoint_dir: Path, w
     phase_dir = work_dir / CONTINUATION
     plan = PhasePlan(name=CONTINUATION, case_file=str(case_file), world_size=case.restart.world_size,
                      store_path=str(phase_dir / "store"), checkpoint_dir=str(checkpoint_dir), phase_dir=str(phase_dir),
-                     start="snapshot", save=False, inject=False, record_states=False, snapshot_dir=str(snapshots),
+                     start=Start.SNAPSHOT, save=False, inject=False, record_states=False, snapshot_dir=str(snapshots),
                      snapshot_step=step, rank_map=tuple(range(case.restart.world_size)),
                      collective_timeout_s=case.timeouts.collective_s, topology=case.restart.placement.as_dict())
     return Harness().run_phase(plan, case)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.case import Case
-from ..core.plan import CONTINUATION
+from ..core.plan import CONTINUATION, Start
 from ..core.records import PhaseResult
 from ..launch.backend import backend_for_launch
 from ..oracle.judge import went_on_as
@@ -70,7 +70,7 @@ def oracles(case: Case, plan, reference: PhaseResult, snapshots: Path | None, ru
         shutil.copytree(trusted, own / trusted.name)
         incarnation = case.incarnations[index - 1].restart
         case_file = plan.work_dir / f"case_{index}.json"  # a timeline's launch: the case as its ranks ran it
-        phase = run_phase(plan.make(continuation_name(index), incarnation.world_size, "snapshot", snapshot_dir=own,
+        phase = run_phase(plan.make(continuation_name(index), incarnation.world_size, Start.SNAPSHOT, snapshot_dir=own,
                                     snapshot_step=step, record_states=chained, topology=incarnation.placement,
                                     case_file=case_file if case_file.is_file() else None),
                           case, backend=backend_for_launch(case, index))

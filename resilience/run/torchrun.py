@@ -29,7 +29,7 @@ from ..core import janitor, registry
 from ..core.case import Case
 from ..core.elastic_layout import LAUNCH_ENV, Incarnation, TorchrunLayout
 from ..core.events import Event, EventFollower, read_events, tail
-from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
+from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan, Start
 from ..core.records import CaseResult, PhaseResult, PhaseStatus
 from ..core.topology import NODE_LOCAL
 from ..errors import HarnessError, StrategyUnavailable, TorchrunIncompatible
@@ -154,16 +154,16 @@ class _Driver:
         first = dict(world_size=size, rank_map=tuple(range(size)), topology=case.placement.as_dict(), **common)
         # node-local storage follows the topology; an elastic restart at another size is continued by the oracle
         snapshots = str(self._snapshots()) if case.topology_changes else None
-        for plan in (PhasePlan(name=REFERENCE, start="fresh", save=False, inject=False, record_states=True,
+        for plan in (PhasePlan(name=REFERENCE, start=Start.FRESH, save=False, inject=False, record_states=True,
                                snapshot_dir=snapshots, **first),
-                     PhasePlan(name=FIRST_RUN, start="fresh", save=True, inject=True, record_states=False,
+                     PhasePlan(name=FIRST_RUN, start=Start.FRESH, save=True, inject=True, record_states=False,
                                snapshot_dir=None, **first),
-                     PhasePlan(name=RESTART, start="strategy", save=True, inject=False, record_states=False,
+                     PhasePlan(name=RESTART, start=Start.STRATEGY, save=True, inject=False, record_states=False,
                                snapshot_dir=None, world_size=later, rank_map=tuple(range(later)),
                                topology=case.restart.placement.as_dict(), **common)):
             plan.write(layout.template(plan.name))
         if case.topology_changes and self.options.min_nodes:  # a spare may grow the shrunk job back
-            grown = PhasePlan(name=RESTART, start="strategy", save=True, inject=False, record_states=False,
+            grown = PhasePlan(name=RESTART, start=Start.STRATEGY, save=True, inject=False, record_states=False,
                               snapshot_dir=None, **first)
             grown.write(layout.template(RESTART, size))
 

@@ -22,6 +22,7 @@ from ..core.case import (
     VerdictKind,
     WorkloadSpec,
 )
+from ..core.events import ClockPhase
 from ..disk.trace_targets import POINTER, WRITTEN_BY, is_selector, parse_target
 from .capability_check import (
     capability_problem,
@@ -215,7 +216,7 @@ def check_trigger(v: Validator, doc: dict, workload: WorkloadSpec, cls: type) ->
         rank = 0
     phase = v.choice("fault.phase", doc.get("phase", "save"), tuple(cls.points))
     step = v.integer("fault.step", doc.get("step"), 1, workload.steps, f"1..{workload.steps}")
-    if phase == "save" and step not in workload.checkpoint_steps:
+    if phase == ClockPhase.SAVE and step not in workload.checkpoint_steps:
         raise v.error("fault.step", "no checkpoint is saved at this step", step,
                       ", ".join(map(str, workload.checkpoint_steps)))
     after_bytes = doc.get("after_bytes")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..core.plan import Start
 from ..core.topology import Topology
 from ..workloads.base import Workload
 
@@ -59,7 +60,7 @@ class TrainingObserver(ABC):
     (the strategy then writes one with ``workload.save_reference_snapshot``).
     """
 
-    start: str  # "fresh", "strategy" (restore the library's checkpoint), "snapshot" or "step" (the probe)
+    start: Start  # how the phase begins: `core.plan.Start`
     saves: bool  # whether this phase checkpoints
     steps: int  # train until the library's step count reaches this
     checkpoint_every: int

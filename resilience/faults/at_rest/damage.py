@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ...core.confined import resolve_under
-from ...core.events import Event
+from ...core.events import ClockPhase, Event
 from ...disk.trace_targets import is_selector, parse_target
 from ..base import Fault, WriteListener
 from .traced import SaveTracer
@@ -83,9 +83,9 @@ class DamageAfterSave(Fault, WriteListener):
     def first_run(self) -> bool:
         return self.env is not None and self.env.incarnation == "first_run"
 
-    def at(self, phase: str, step: int) -> None:
+    def at(self, phase: ClockPhase, step: int) -> None:
         # The train step before the triggering save: the previous save returned on every rank.
-        if self.first_run() and phase == "train" and step == self.trigger.step and self.on_trigger_rank():
+        if self.first_run() and phase == ClockPhase.TRAIN and step == self.trigger.step and self.on_trigger_rank():
             self._before = self.identities()
 
     def written_during_save(self) -> list[str]:

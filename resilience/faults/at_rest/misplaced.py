@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.confined import resolve_under
+from ...core.events import ClockPhase
 from ...disk.trace_targets import POINTER, is_selector
 from ..base import ReadListener
 from .damage import DamageAfterSave
@@ -120,7 +121,7 @@ class StalePointer(DamageAfterSave, ReadListener):
         return self.pointer_mode() and self.env.incarnation == "restart"
 
     def wants_read(self, relative: str) -> bool:
-        return not self._read_once and self.env.clock.phase == "load"
+        return not self._read_once and self.env.clock.phase == ClockPhase.LOAD
 
     def on_open_read(self, path: Path, relative: str) -> None:
         if self._read_once:

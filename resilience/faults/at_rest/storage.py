@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core import janitor
+from ...core.events import ClockPhase
 from ..base import CaseEnvironment, FaultUnavailable, ReadListener
 from .damage import DamageAfterSave
 
@@ -51,7 +52,7 @@ class _StopThenRestore(DamageAfterSave):
 
     def restoring(self) -> bool:
         """In the restart's restore (``strategy.load``): files written later are new, and fine."""
-        return self.restarted() and self.env.clock.phase == "load"
+        return self.restarted() and self.env.clock.phase == ClockPhase.LOAD
 
 
 class ReadError(_StopThenRestore, ReadListener):
@@ -148,9 +149,9 @@ class ReadOnly(_StopThenRestore):
         self.mounted = False
         janitor.release("mount", env.checkpoint_dir)
 
-    def at(self, phase: str, step: int) -> None:
+    def at(self, phase: ClockPhase, step: int) -> None:
         super().at(phase, step)
-        if self.restarted() and phase == "save" and self.on_trigger_rank() and not self.told:
+        if self.restarted() and phase == ClockPhase.SAVE and self.on_trigger_rank() and not self.told:
             self.told = True  # the kernel, not this code, refuses the write: record where it meets it
             self.fired(point="save", read_only=str(self.env.checkpoint_dir))
 

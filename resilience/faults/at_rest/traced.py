@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from ...core.events import ClockPhase
 from ...disk.interception import STAGING_PREFIX
 from ...disk.io_trace import NamespaceHooks, TraceWriter
 from ...disk.trace_targets import (
@@ -60,7 +61,7 @@ class SaveTracer:
 
     def recording(self) -> bool:
         clock = self.env.clock
-        return self.writer is not None and clock.phase == "save" and clock.save_step <= self.step
+        return self.writer is not None and clock.phase == ClockPhase.SAVE and clock.save_step <= self.step
 
     def _namespace_op(self, kind: str, **fields: Any) -> None:
         if self.recording() and kind in ("rename", "unlink"):

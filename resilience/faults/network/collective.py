@@ -18,6 +18,7 @@ import os
 import socket
 from pathlib import Path
 
+from ...core.events import ClockPhase
 from ...errors import InjectedCollectiveFailure
 from ..base import Fault
 
@@ -78,7 +79,7 @@ class CollectiveFailure(Fault):
     byte_points = ()
     params = {"how": (HOWS, "transport")}
 
-    def at(self, phase: str, step: int) -> None:
+    def at(self, phase: ClockPhase, step: int) -> None:
         if not self.in_trigger_window():
             return
         how = self.spec.params.get("how", "transport")

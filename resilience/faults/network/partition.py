@@ -47,7 +47,7 @@ import time
 from typing import Any, ClassVar
 
 from ...core.elastic_layout import NODE_ENV, NODE_NAMESPACE_ENV
-from ...core.events import Event
+from ...core.events import ClockPhase, Event
 from ...errors import NetworkError
 from ..base import CaseEnvironment, Fault, FaultUnavailable, RankEnvironment
 from .netns import BRIDGE, IFNAME, SUBNET, NamespaceWiring, join_namespace, remove_stale_namespaces, run_command
@@ -201,7 +201,7 @@ class NetworkFault(Fault):
             os.environ["MASTER_ADDR"] = wiring[0]["address"]
         env.emit(Event.NETWORK_JOINED, namespace=me["namespace"], ifname=me["ifname"], address=me["address"])
 
-    def at(self, phase: str, step: int) -> None:
+    def at(self, phase: ClockPhase, step: int) -> None:
         if not self.in_trigger_window():
             return
         self.fired(point="start", **self.describe())

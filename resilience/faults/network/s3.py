@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ...core.case import FaultSpec
-from ...core.events import Event, EventLog, read_events
+from ...core.events import ClockPhase, Event, EventLog, read_events
 from ...core.plan import FIRST_RUN, events_file
 from ...objectstore.proxy import ACTIONS, METHODS, ProxyRule, Request
 from ..base import CaseEnvironment, Fault
@@ -113,10 +113,10 @@ class ObjectStoreFault(Fault):
 def where_rank_is(events: list[dict]) -> tuple[int, str]:
     """The step and phase a rank is in, from its events so far: inside the last save it began and
     has not returned from ("save"), otherwise after its last train step ("train")."""
-    step, phase = 0, "train"
+    step, phase = 0, ClockPhase.TRAIN
     for event in events:
         if event["event"] == Event.SAVE_BEGIN:
-            step, phase = event["step"], "save"
+            step, phase = event["step"], ClockPhase.SAVE
         elif event["event"] in (Event.SAVE_RETURNED, Event.LOSS):
-            step, phase = event["step"], "train" if event["event"] == Event.LOSS else "idle"
+            step, phase = event["step"], ClockPhase.TRAIN if event["event"] == Event.LOSS else ClockPhase.IDLE
     return step, phase

@@ -16,6 +16,7 @@ import re
 import threading
 from typing import TYPE_CHECKING
 
+from ...core.events import ClockPhase
 from ..base import CaseEnvironment, Fault
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ class GilHang(Fault):
     byte_points = ()
     params = {"seconds": (float, 3600.0)}
 
-    def at(self, phase: str, step: int) -> None:
+    def at(self, phase: ClockPhase, step: int) -> None:
         if not self.in_trigger_window():
             return
         seconds = int(self.spec.params.get("seconds") or 3600)

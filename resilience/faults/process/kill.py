@@ -12,7 +12,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from ...core.case import MEMORY_COPY, MICRO_STEP
-from ...core.events import Event
+from ...core.events import ClockPhase, Event
 from ...disk.interception import InterceptedFile
 from ..base import Fault, WriteListener
 
@@ -95,7 +95,7 @@ class Kill(Fault, WriteListener):
         return (self.trigger.point in FILE_POINTS and self.in_trigger_window()
                 and self.path_matches(relative))
 
-    def at(self, phase: str, step: int) -> None:
+    def at(self, phase: ClockPhase, step: int) -> None:
         if self.spec.params.get("once_written") and self.in_trigger_window():
             self._before_save = self._awaited_files()
         if self.trigger.point == "start" and self.in_trigger_window():

@@ -17,8 +17,8 @@ import signal
 import time
 from typing import Any, ClassVar
 
-from ...core.events import Event
-from ...core.preemption import EMERGENCY_PHASE, sigterm_received
+from ...core.events import ClockPhase, Event
+from ...core.preemption import sigterm_received
 from ...disk.interception import InterceptedFile
 from ..base import Fault, WriteListener
 
@@ -57,7 +57,7 @@ class Preempt(Fault, WriteListener):
                     self.killed.append(rank)
 
     # -- rank side ----------------------------------------------------------------------------
-    def at(self, phase: str, step: int) -> None:
+    def at(self, phase: ClockPhase, step: int) -> None:
         if not self.in_trigger_window():
             return
         self.fired(point="start", ranks=self.spec.params["ranks"], grace=self.spec.params["grace"],
@@ -72,7 +72,7 @@ class Preempt(Fault, WriteListener):
         return self.trigger.after_bytes is not None
 
     def wants(self, relative: str) -> bool:
-        return (self.trigger.after_bytes is not None and self.env.clock.phase == EMERGENCY_PHASE
+        return (self.trigger.after_bytes is not None and self.env.clock.phase == ClockPhase.EMERGENCY
                 and self.path_matches(relative))
 
     def on_write(self, file: InterceptedFile, data: Any, nbytes: int) -> None:

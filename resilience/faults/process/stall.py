@@ -16,7 +16,7 @@ import os
 import signal
 import time
 
-from ...core.events import Event
+from ...core.events import ClockPhase, Event
 from ..base import Fault
 
 
@@ -45,7 +45,7 @@ class Stall(Fault):
         return self.placement.node_of(rank) if self.placement is not None else 0
 
     # -- rank side ----------------------------------------------------------------------------
-    def at(self, phase: str, step: int) -> None:
+    def at(self, phase: ClockPhase, step: int) -> None:
         if self.in_trigger_window():
             self.fired(point="start", seconds=self.spec.params["seconds"])
             os.kill(os.getpid(), signal.SIGSTOP)  # the harness resumes us

@@ -17,6 +17,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from ...core.events import ClockPhase
 from ...disk.interception import InterceptedFile
 from ...errors import InjectedCrash
 from ..base import CaseEnvironment, Fault, WriteListener
@@ -98,7 +99,7 @@ class Crash(Fault, WriteListener):
     def wants(self, relative: str) -> bool:
         return self.trigger.point in FILE_POINTS and self.in_trigger_window() and self.path_matches(relative)
 
-    def at(self, phase: str, step: int) -> None:
+    def at(self, phase: ClockPhase, step: int) -> None:
         if self.trigger.point == "start" and self.in_trigger_window():
             self._crash(None)
 

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from ...core.capabilities import Capability
+from ...core.events import ClockPhase
 from ..base import Fault
 
 
@@ -38,8 +39,8 @@ class TagMismatch(Fault):
             strategy = strategy.inner  # a wrapper: its inner strategy saves, with its tags
         self.strategy = strategy
 
-    def at(self, phase: str, step: int) -> None:
-        if not (self.env.incarnation == "first_run" and phase == "save" and self.in_trigger_window()):
+    def at(self, phase: ClockPhase, step: int) -> None:
+        if not (self.env.incarnation == "first_run" and phase == ClockPhase.SAVE and self.in_trigger_window()):
             return
         agreed = self.strategy.tag_for
         skew, skewed_step = self.spec.params["skew"], step

@@ -21,6 +21,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from ...core import janitor
+from ...core.events import ClockPhase
 from ...disk.interception import STAGING_PREFIX, InterceptedFile
 from ..base import CaseEnvironment, Fault, FaultUnavailable, WriteListener
 
@@ -105,7 +106,7 @@ class DiskFull(Fault, WriteListener):
         janitor.release("mount", env.checkpoint_dir)
 
     # -- rank side --------------------------------------------------------------------------------
-    def at(self, phase: str, step: int) -> None:
+    def at(self, phase: ClockPhase, step: int) -> None:
         if self.in_trigger_window() and self.spec.params["via"] == "tmpfs":
             self.fired(point="start", free_bytes=self.budget)
             self._fill(self.env.checkpoint_dir / BALLAST_NAME)

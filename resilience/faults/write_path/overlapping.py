@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from ...core.capabilities import Capability
+from ...core.events import ClockPhase
 from ...disk.interception import InterceptedFile
 from ..base import Fault, WriteListener
 
@@ -59,8 +60,8 @@ class OverlappingAsync(Fault, WriteListener):
             while time.monotonic() < deadline:
                 time.sleep(0.05)
 
-    def at(self, phase: str, step: int) -> None:
-        if phase != "train" or not self.on_trigger_rank() or step <= self.trigger.step:
+    def at(self, phase: ClockPhase, step: int) -> None:
+        if phase != ClockPhase.TRAIN or not self.on_trigger_rank() or step <= self.trigger.step:
             return
         flying = self.strategy.in_flight_steps()
         if len([s for s in flying if s >= self.trigger.step]) >= int(self.spec.params.get("in_flight") or 2):

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ...core.events import Event
+from ...core.events import ClockPhase, Event
 from ...disk.collective_hooks import CollectiveHooks
 from ...disk.interception import InterceptedFile
 from ...disk.io_trace import NamespaceHooks, TraceWriter
@@ -63,7 +63,7 @@ class PowerLoss(Fault, WriteListener):
 
     def _recording(self) -> bool:
         clock = self.env.clock
-        return clock.phase == "save" and clock.save_step <= self.trigger.step
+        return clock.phase == ClockPhase.SAVE and clock.save_step <= self.trigger.step
 
     def _record(self, kind: str, payload: bytes | None = None, **fields: Any) -> None:
         self.writer.record(self.env.clock.save_step, kind, payload, **fields)
@@ -72,8 +72,8 @@ class PowerLoss(Fault, WriteListener):
         if self._recording():
             self._record(kind, **fields)
 
-    def at(self, phase: str, step: int) -> None:
-        if phase == "save" and step == self.trigger.step and self.env.rank == 0:
+    def at(self, phase: ClockPhase, step: int) -> None:
+        if phase == ClockPhase.SAVE and step == self.trigger.step and self.env.rank == 0:
             self.fired(point="any")
 
     def wants(self, relative: str) -> bool:

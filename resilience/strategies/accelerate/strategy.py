@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from importlib import metadata
 from typing import Any, ClassVar
 
+from ...core.plan import Start
 from ...workloads.base import TrainableWorkload, Workload
 from ..base import CheckpointStrategy, TrainingObserver
 
@@ -117,7 +118,7 @@ class AccelerateCheckpoint(CheckpointStrategy):
 
         context = self.context
         harness_environment(context)
-        automatic = observer.start == "strategy" or observer.saves  # a snapshot names its own directory
+        automatic = observer.start == Start.STRATEGY or observer.saves  # a snapshot names its own directory
         project = ProjectConfiguration(project_dir=str(context.checkpoint_dir), automatic_checkpoint_naming=automatic,
                                        total_limit=int(context.options.get("total_limit", 2)))
         return Accelerator(cpu=True, project_config=project, step_scheduler_with_optimizer=False,
@@ -155,9 +156,9 @@ class AccelerateCheckpoint(CheckpointStrategy):
         average = getattr(inner, "average", None)
         if average is not None:  # the weights' average, checkpointed as a script registers it
             accelerator.register_for_checkpointing(average)
-        if observer.start == "strategy":
+        if observer.start == Start.STRATEGY:
             self._load_newest(accelerator)
-        elif observer.start == "snapshot":
+        elif observer.start == Start.SNAPSHOT:
             accelerator.load_state(str(observer.snapshot_path(observer.snapshot_step)))
         observer.restored(self.workload)
         samples: list[int] = []

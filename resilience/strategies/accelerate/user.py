@@ -23,6 +23,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ...core.plan import Start
 from ...workloads.base import Workload
 from ..base import TrainingObserver
 
@@ -153,7 +154,7 @@ class Observed:
 def train_user_function(name: str, arguments: dict[str, Any], directory_argument: str, checkpoint_dir: str,
                         workload: UserFunctionWorkload, observer: TrainingObserver) -> None:
     """Call the user's function once on this rank, observed; every rank calls it together."""
-    if observer.start == "snapshot":
+    if observer.start == Start.SNAPSHOT:
         raise NotImplementedError("a restart at another world size is not offered for a user's Accelerate "
                                   "function: no trusted snapshot of its state exists")
     observed = Observed(workload, observer)

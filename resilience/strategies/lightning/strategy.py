@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from importlib import metadata
 from typing import Any, ClassVar
 
+from ...core.plan import Start
 from ...workloads.base import TrainableWorkload, Workload
 from ..base import CheckpointStrategy, TrainingObserver
 
@@ -133,8 +134,8 @@ class LightningCheckpoint(CheckpointStrategy):
                              enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                              default_root_dir=directory)
         self.workload.trainer = trainer
-        ckpt_path = {"fresh": None, "strategy": "last"}.get(observer.start)
-        if observer.start == "snapshot":
+        ckpt_path = {Start.FRESH: None, Start.STRATEGY: "last"}.get(observer.start)
+        if observer.start == Start.SNAPSHOT:
             ckpt_path = str(observer.snapshot_path(observer.snapshot_step) / SNAPSHOT_FILE)
         trainer.fit(self.workload.module, ckpt_path=ckpt_path, weights_only=True)
 

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torchtitan.components.loss import cross_entropy_loss
 from torchtitan.distributed import utils as dist_utils
 
+from ...core.plan import Start
 from ..base import TrainingObserver
 from .engine import MASK_TOKEN, TitanTrainedWorkload
 
@@ -34,12 +35,12 @@ def train(workload: TitanTrainedWorkload, observer: TrainingObserver, checkpoint
     """One phase: restore as ``observer.start`` says, train to ``observer.steps``, saving as the
     manager decides where the phase saves."""
     base, load_step = checkpoint_dir, -1
-    if observer.start == "snapshot":  # the oracle's continuation: the reference's own torchtitan checkpoint
+    if observer.start == Start.SNAPSHOT:  # the oracle's continuation: the reference's own torchtitan checkpoint
         base, load_step = str(observer.snapshot_path(observer.snapshot_step)), observer.snapshot_step
-    elif observer.start == "step":  # the availability probe: the one checkpoint it names
+    elif observer.start == Start.STEP:  # the availability probe: the one checkpoint it names
         load_step = observer.snapshot_step
     manager = workload.manager(
-        base, enable=observer.saves or observer.start != "fresh", interval=observer.checkpoint_every,
+        base, enable=observer.saves or observer.start != Start.FRESH, interval=observer.checkpoint_every,
         async_mode=options.get("async_mode", "disabled"), keep_latest_k=options.get("keep_latest_k", 0),
         last_save_model_only=options.get("last_save_model_only", True),
         last_save_in_hf=options.get("last_save_in_hf", False),

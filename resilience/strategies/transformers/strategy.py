@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ...core.capabilities import Capability
+from ...core.plan import Start
 from ...workloads.base import Workload
 from ..accelerate.strategy import harness_environment
 from ..base import CheckpointStrategy, TrainingObserver
@@ -115,7 +116,7 @@ class TrainerCheckpoint(CheckpointStrategy):
         data = CountingSequences(spec.seed, examples)
         held_out = CountingSequences(spec.seed, arguments.EVAL_EXAMPLES, held_out=True) \
             if options.get("eval_steps") else None
-        if observer.start == "fresh" and observer.saves and options.get("earlier_run"):
+        if observer.start == Start.FRESH and observer.saves and options.get("earlier_run"):
             self._earlier_run(int(options["earlier_run"]), observer, data, held_out)  # before the job's Trainer seeds
         collator = IndexCollator()
         trainer = Trainer(model=self.workload.model, args=training, data_collator=collator,
@@ -148,12 +149,12 @@ class TrainerCheckpoint(CheckpointStrategy):
         """``resume_from_checkpoint`` for the phase: nothing (a fresh start), ``True`` (the restart:
         the Trainer picks the highest-numbered ``checkpoint-*`` folder), or a folder (the trusted
         snapshot, or the one checkpoint the availability probe restores)."""
-        if observer.start == "snapshot":
+        if observer.start == Start.SNAPSHOT:
             step = observer.snapshot_step
             return str(observer.snapshot_path(step) / f"checkpoint-{step}")
-        if observer.start == "step":
+        if observer.start == Start.STEP:
             return str(self.step_location(observer.snapshot_step))
-        if observer.start == "strategy":
+        if observer.start == Start.STRATEGY:
             return self._newest_or_none()
         return None
 
