@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +99,38 @@ def test_shipped_smoke_tier_gives_identical_verdicts_under_both_backends(tmp_pat
                  for key in findings["fork"] if kinds["fork"][key] != kinds["spawn"][key]]
     if by_backend["fork"] != by_backend["spawn"]:
         pytest.fail("the backends disagree; the evidence of each side, in full:\n" + "\n".join(differing))
+
+
+# the only places the code a rank runs may import the scenario package: validators, which run in
+# the controller as a scenario is loaded (a rank receives the validated case: `Case.read`)
+SCENARIO_IMPORTS_IN_RANK_CODE = {("strategies/declarations.py", "option_problem"),
+                                 ("strategies/manifest.py", "check_options")}
+
+
+def test_rank_code_imports_the_scenario_package_only_in_validators_and_the_key_leaves_it_out():
+    import ast
+
+    from resilience.run.reference_cache import RANK_CODE, rank_sources
+
+    package = Path(__file__).resolve().parent.parent / "resilience"
+    found = set()
+    for path in rank_sources():
+        tree = ast.parse(path.read_text())
+        for function in [None, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
+            body = tree.body if function is None else function.body
+            for node in body:
+                if isinstance(node, ast.ImportFrom) and "scenario" in (node.module or "").split(".")[:2]:
+                    found.add((str(path.relative_to(package)), function.name if function else "<module>"))
+    assert found == SCENARIO_IMPORTS_IN_RANK_CODE
+    assert "scenario" not in RANK_CODE and not any("/scenario/" in str(p) for p in rank_sources())
+
+
+def test_a_case_reaches_its_ranks_as_the_records_the_controller_validated(tmp_path):
+    from resilience.core.case import Case
+    from resilience.scenario.discovery import load_all_cases
+
+    cases, errors = load_all_cases([Path(__file__).resolve().parent.parent / "scenarios"])
+    assert not errors
+    for case in (c for c in cases if isinstance(c, Case)):
+        case.write(tmp_path / "case.json")
+        assert Case.read(tmp_path / "case.json") == case, case.id

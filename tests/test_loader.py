@@ -7,8 +7,8 @@ JSON trip to the rank processes unchanged. No rank process is started here.
 from __future__ import annotations
 
 import copy
-import json
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -75,9 +75,11 @@ def scenario_error(doc: dict | str) -> ScenarioError:
 
 
 def json_round_trip(case: Case) -> Case:
-    """What the worker does with what the harness writes (harness.py / worker.py)."""
-    data = json.loads(json.dumps({"source": case.source, "id": case.id, "document": case.document}))
-    return parse_case(data["document"], data["source"], data["id"])
+    """What a rank does with what the harness writes (`Case.write`, `Case.read`)."""
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "case.json"
+        case.write(path)
+        return Case.read(path)
 
 
 class OptionStrategy(CheckpointStrategy):

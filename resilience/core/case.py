@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
+from .record_json import from_json, to_json
 from .topology import Topology
 
 
@@ -247,9 +248,14 @@ class Case:
         return self.topology_changes or self.software_changes
 
     def write(self, path: Path) -> None:
-        """The case file every rank reads back (`scenario.loader.read_case_file`): the document
-        is parsed and validated again there, so the ranks run exactly what the controller ran."""
-        path.write_text(json.dumps({"source": self.source, "id": self.id, "document": self.document}))
+        """The case file every rank reads back (`read`): the validated records themselves, so the
+        ranks run exactly what the controller validated, and validate nothing again."""
+        path.write_text(json.dumps(to_json(self)))
+
+    @classmethod
+    def read(cls, path: Path) -> Case:
+        """The case the controller wrote with `write`."""
+        return from_json(cls, json.loads(Path(path).read_text()))
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ def events_file(phase_dir: Path, rank: int) -> Path:
 @dataclass(frozen=True)
 class PhasePlan:
     name: str
-    case_file: str  # JSON: {"source": ..., "id": ..., "document": {...}}
+    case_file: str  # the validated case (`Case.write`), which the ranks read back with `Case.read`
     world_size: int
     store_path: str  # FileStore rendezvous: no port, nothing listening
     checkpoint_dir: str

@@ -32,12 +32,12 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import janitor
 from ..core.elastic_layout import NODE_ENV, NODE_NAMESPACE_ENV
+from ..core.waiting import wait_until
 from ..errors import NetworkError
 from ..faults.network.netns import IFNAME, NamespaceWiring, remove_stale_namespaces
 
@@ -132,9 +132,7 @@ class Nodes:
         for pid in stopped:
             janitor.signal_process(pid, signal.SIGKILL)
         self._reap()
-        deadline = time.monotonic() + GONE_WAIT_S
-        while self.pids(index) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: not self.pids(index), GONE_WAIT_S)
         left = self.pids(index)
         if left:
             raise NetworkError(f"node {index} ({self.nodes[index].namespace}): processes {left} "

@@ -30,12 +30,12 @@ import hashlib
 import os
 import shutil
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import janitor
 from ..core.elastic_layout import NODE_ENV, NODE_NAMESPACE_ENV
+from ..core.waiting import wait_until
 from ..errors import SlurmError
 from ..faults.network.netns import NETNS_DIR
 from .nodes import Nodes
@@ -197,15 +197,15 @@ class LocalCluster:
     def wait(self, job_id: str, timeout_s: float, *, until=None) -> SlurmJob:
         """Poll the job until it finished (or ``until(job)`` holds); `SlurmError` past ``timeout_s``
         (the job is cancelled then)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+        def reached() -> SlurmJob | None:
             record = self.job(job_id)
-            if (until(record) if until else record.state in FINISHED):
-                return record
-            if time.monotonic() > deadline:
-                self.command(["scancel", job_id])
-                raise SlurmError(f"job {job_id} still {record.state} after {timeout_s:g} s (cancelled)")
-            time.sleep(0.2)
+            return record if (until(record) if until else record.state in FINISHED) else None
+
+        record = wait_until(reached, timeout_s, interval_s=0.2)
+        if record is None:
+            self.command(["scancel", job_id])
+            raise SlurmError(f"job {job_id} still {self.job(job_id).state} after {timeout_s:g} s (cancelled)")
+        return record
 
     def idle_nodes(self) -> set[str]:
         try:
@@ -272,14 +272,13 @@ class LocalCluster:
         self._daemons[name] = daemon
 
     def _await(self, ready, timeout_s: float, what: str) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not ready():
-            dead = [f"{name} exited with status {d.returncode}: {_tail(self.root / 'log' / f'{name}.out')}"
+        def dead() -> list[str]:
+            return [f"{name} exited with status {d.returncode}: {_tail(self.root / 'log' / f'{name}.out')}"
                     for name, d in self._daemons.items() if d.poll() is not None]
-            if dead or time.monotonic() > deadline:
-                raise SlurmError(f"the SLURM cluster in {self.root} did not reach {what} within {timeout_s:g} s"
-                                 + ("; " + "; ".join(dead) if dead else ""))
-            time.sleep(0.1)
+
+        if not wait_until(ready, timeout_s, interval_s=0.1, give_up=lambda: bool(dead())):
+            raise SlurmError(f"the SLURM cluster in {self.root} did not reach {what} within {timeout_s:g} s"
+                             + ("; " + "; ".join(dead()) if dead() else ""))
 
 
 def _tail(path: Path, lines: int = 5) -> str:

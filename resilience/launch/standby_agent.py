@@ -7,8 +7,9 @@ raced a short shrunk group, which could finish first (the job then never grew)."
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
+
+from ..core.waiting import wait_until
 
 USAGE = "usage: python -m resilience.launch.standby_agent PATH SECONDS TORCHRUN_ARGS..."
 POLL_S = 0.05
@@ -22,13 +23,10 @@ def main(argv: list[str]) -> int:
         return 2
     from torch.distributed import run as torchrun
 
-    until = time.monotonic() + seconds
-    while not handed_over.exists():
-        if time.monotonic() > until:
-            print(f"standby: {handed_over} not created within {seconds:g} s; the spare was never handed over",
-                  file=sys.stderr)
-            return 1
-        time.sleep(POLL_S)
+    if not wait_until(handed_over.exists, seconds, interval_s=POLL_S):
+        print(f"standby: {handed_over} not created within {seconds:g} s; the spare was never handed over",
+              file=sys.stderr)
+        return 1
     torchrun.main(torchrun_args)
     return 0
 

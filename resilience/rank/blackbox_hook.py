@@ -33,12 +33,8 @@ def install(config_text: str) -> None:
     from ..core.events import ClockPhase, EventLog
     from ..faults.base import Clock, RankEnvironment
     from .fault_arming import arm_in_rank
+    from .startup import begin_rank, exception_chain
     from .step_observer import ReadFiles, StepObserver, WrittenFiles
-    from .worker import die_with_parent, exception_chain
-
-    die_with_parent()  # an unmodified script never asks for it; no rank may outlive the driver
-    import faulthandler
-    import signal
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     incarnation = Incarnation.from_environment(os.environ)
@@ -46,7 +42,7 @@ def install(config_text: str) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     # the driver's HANG report: where this rank waits (the file stays open for the signal handler)
     stacks = open(directory / f"rank{rank}.stacks.txt", "w")  # noqa: SIM115
-    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    begin_rank(stacks)  # an unmodified script never asks to die with its parent; no rank may outlive the driver
     events = EventLog(directory / f"rank{rank}.events.jsonl", rank)
     events.emit(Event.STARTED, launch=incarnation.launch, restart_count=incarnation.restart)
     # a restarted rank is in its restore from its start until its first backward

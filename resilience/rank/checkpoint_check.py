@@ -8,10 +8,7 @@ checkpoint directory itself; import-safe like the worker.
 """
 from __future__ import annotations
 
-import faulthandler
 import json
-import os
-import signal
 import sys
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -46,13 +43,13 @@ def run(plan: CheckPlan, rank: int, emit) -> None:
     import torch.distributed as dist
 
     from ..core import registry
-    from ..scenario.loader import read_case_file
+    from ..core.case import Case
     from ..strategies.base import StrategyContext
     from .worker import use_private_temp_dir
 
     torch.set_num_threads(1)
     use_private_temp_dir()
-    case = read_case_file(Path(plan.case_file))
+    case = Case.read(Path(plan.case_file))
     dist.init_process_group("gloo", store=dist.FileStore(plan.store_path, plan.world_size), rank=rank,
                             world_size=plan.world_size, timeout=timedelta(seconds=plan.collective_timeout_s))
     context = StrategyContext(checkpoint_dir=Path(plan.checkpoint_dir), rank=rank, world_size=plan.world_size,
@@ -74,22 +71,16 @@ def run(plan: CheckPlan, rank: int, emit) -> None:
 
 def main(argv: list[str]) -> int:
     from ..core.events import EventLog
-    from .worker import die_with_parent, report_failure
+    from .startup import begin_rank, run_reporting
 
     plan = CheckPlan.read(Path(argv[1]))
     rank = int(argv[2])
-    die_with_parent()
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    begin_rank()
     events = EventLog(plan.events_path(rank), rank)
-    try:
-        run(plan, rank, events.emit)
-    except BaseException as exc:  # every failure is evidence: the checkpoint did not load here
-        report_failure(events, exc)
-        os._exit(1)  # peers may wait in a collective
-    return 0
+    return run_reporting(events, lambda: run(plan, rank, events.emit))  # a failure: it did not load here
 
 
 if __name__ == "__main__":
-    from .worker import exit_now
+    from .startup import exit_now
 
     exit_now(main(sys.argv))  # no interpreter finalization: see exit_now

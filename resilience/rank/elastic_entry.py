@@ -12,7 +12,6 @@ so itself), and then ends the same way, so the agent sees what it would see with
 """
 from __future__ import annotations
 
-import faulthandler
 import json
 import os
 import signal
@@ -32,7 +31,8 @@ from ..core.elastic_layout import (
 )
 from ..core.events import Event, EventLog
 from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan
-from .worker import die_with_parent, redirect_output, report_failure
+from ..core.processes import die_with_parent
+from .startup import begin_rank, redirect_output, report_failure
 
 USAGE = "usage: torchrun ... -m resilience.rank.elastic_entry CASE_DIR (written by resilience.run.torchrun)"
 
@@ -81,8 +81,7 @@ def _supervise(layout: TorchrunLayout, incarnation: Incarnation, rank: int, chil
 
 
 def _rank(layout: TorchrunLayout, incarnation: Incarnation, rank: int) -> int:
-    die_with_parent()  # with the supervisor
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # the driver's HANG dump
+    begin_rank()  # dies with the supervisor; the driver's HANG dump on SIGUSR1
     names = (REFERENCE, FIRST_RUN) if incarnation.is_first else (RESTART,)
     plans = [layout.plan(incarnation, name) for name in names]
     events = None

@@ -50,12 +50,12 @@ def install(config_text: str) -> None:
     if config["rank_pid"] == os.getpid():
         return  # the rank itself (re-executed): it arms its fault on its own
     from ..core import registry
+    from ..core.case import Case
     from ..core.events import EventLog
     from ..disk.interception import Interceptor
     from ..faults.base import FollowedClock, RankEnvironment, WriteListener
-    from ..scenario.loader import read_case_file
 
-    case = read_case_file(Path(config["case_file"]))
+    case = Case.read(Path(config["case_file"]))
     fault = registry.resolve("fault", case.fault.kind)(case.fault)
     checkpoint_dir = Path(config["checkpoint_dir"])
 

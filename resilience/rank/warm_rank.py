@@ -16,7 +16,6 @@ too. A peer left waiting in a collective does not answer: the controller then re
 """
 from __future__ import annotations
 
-import faulthandler
 import json
 import os
 import signal
@@ -26,9 +25,12 @@ from pathlib import Path
 
 from ..core.events import EventLog
 from ..core.plan import PhasePlan
-from .worker import die_with_parent, exit_now, redirect_output, report_failure, run
+from ..core.waiting import wait_until
+from .startup import begin_rank, exit_now, redirect_output, report_failure
+from .worker import run
 
 POLL_S = 0.002
+STORE_WAIT_S = 120.0  # rank 0 of the pool imports torch first: seconds on a loaded machine
 WATCHED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2, signal.SIGALRM)
 
 
@@ -110,8 +112,7 @@ def leftovers(before: dict, after: dict) -> list[str]:
 def serve(pool_dir: Path, rank: int, world_size: int) -> int:
     import torch.distributed as dist
 
-    die_with_parent()
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    begin_rank()
     parent = os.getppid()
     base_store = _pool_store(pool_dir, rank, world_size)
     clean = None  # the state each restore must leave, once the strategy's process-wide helpers run
@@ -151,9 +152,9 @@ def serve(pool_dir: Path, rank: int, world_size: int) -> int:
 
 def _warm_strategy_process(plan: PhasePlan) -> None:
     from ..core import registry
-    from ..scenario.loader import read_case_file
+    from ..core.case import Case
 
-    case = read_case_file(Path(plan.case_file))
+    case = Case.read(Path(plan.case_file))
     registry.resolve("strategy", case.strategy.name).warm_process(case.strategy.options)
 
 
@@ -169,8 +170,9 @@ def _pool_store(pool_dir: Path, rank: int, world_size: int):
         partial.write_text(str(store.port))
         os.replace(partial, port_file)
         return store
-    while not port_file.exists():
-        time.sleep(POLL_S)
+    if not wait_until(port_file.exists, STORE_WAIT_S, interval_s=POLL_S):
+        raise RuntimeError(f"warm rank {rank}: rank 0 of the pool wrote no store port in {pool_dir} "
+                           f"within {STORE_WAIT_S:g} s")
     return dist.TCPStore("127.0.0.1", int(port_file.read_text()), world_size, is_master=False)
 
 

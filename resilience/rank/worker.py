@@ -5,11 +5,8 @@ re-import this module without re-running a rank.
 """
 from __future__ import annotations
 
-import ctypes
-import faulthandler
 import os
 import resource
-import signal
 import sys
 import time
 import traceback
@@ -19,20 +16,7 @@ from typing import Any
 
 from ..core.events import ClockPhase, Event, EventLog
 from ..core.plan import RESTART, RESTORING_STARTS, PhasePlan, Start
-
-PR_SET_PDEATHSIG = 1
-REPORTED = "reported_as_evidence"  # set on an exception once its error event is written
-
-
-def die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this rank when its parent (the harness, or the forkserver, which
-    itself exits with the harness) dies, so no rank outlives the run."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() == 1:  # the parent died before the request took effect
-        os._exit(3)
+from .startup import begin_rank, exit_now, report_failure, run_reporting
 
 
 def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None:
@@ -42,10 +26,10 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
     import torch.distributed as dist
 
     from ..core import registry
+    from ..core.case import Case
     from ..core.device import for_rank, rank_device
     from ..core.preemption import EmergencySave, wanted_by
     from ..faults.base import Clock, RankEnvironment
-    from ..scenario.loader import read_case_file
     from ..strategies.base import StrategyContext
     from .fault_arming import arm_in_rank
     from .step_loop import HarnessObserver, load_reporting_tier, train_with_harness_loop
@@ -57,7 +41,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
         from ..objectstore.client import enter
 
         enter(plan.object_store, events.emit)
-    case = read_case_file(Path(plan.case_file))
+    case = Case.read(Path(plan.case_file))
     enter_working_dir(Path(plan.phase_dir))  # relative paths land in this phase's own directory
     watch_foreign_reads(plan.foreign_roots, events.emit)
     topology = plan.placement()
@@ -147,17 +131,6 @@ def library_exit(strategy: Any, failed: bool) -> None:
         traceback.print_exc()
 
 
-def redirect_output(log_paths: tuple[Path, Path]) -> None:
-    """From now on this process's stdout and stderr (file descriptors 1 and 2, so native code's
-    output too) append to ``log_paths``, as a rank started with its logs does."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    for fd, path in zip((1, 2), log_paths, strict=True):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(target, fd)
-        os.close(target)
-
-
 def use_private_temp_dir() -> None:
     """Temporary files of this rank and of every process its libraries start (multiprocessing's
     pymp-* directories and sockets, a writer's scratch files) go into a directory the harness
@@ -195,55 +168,12 @@ def _versions(layered: tuple[str, ...] = ()) -> dict[str, str | None]:
     return versions
 
 
-def exception_chain(exc: BaseException) -> list[str]:
-    """'Type: message' of the causes and contexts under ``exc`` (torch.save, for one, reports an
-    ENOSPC from a file object's write as a RuntimeError whose context is the OSError)."""
-    chain, seen = [], {id(exc)}
-    current = exc.__cause__ or exc.__context__
-    while current is not None and id(current) not in seen and len(chain) < 8:
-        seen.add(id(current))
-        chain.append(f"{type(current).__name__}: {str(current)[:1000]}")
-        current = current.__cause__ or current.__context__
-    return chain
-
-
 def main(argv: list[str]) -> int:
     plan = PhasePlan.read(Path(argv[1]))
     rank = int(argv[2])
-    die_with_parent()
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    begin_rank()
     events = EventLog(plan.events_path(rank), rank)
-    try:
-        run(plan, rank, events)
-    except BaseException as exc:  # every failure, SystemExit included, is evidence for the verdict
-        report_failure(events, exc)
-        os._exit(1)  # peers may be stuck in a collective: do not wait for a clean shutdown
-    return 0
-
-
-def report_failure(events: EventLog, exc: BaseException) -> None:
-    """The rank's error as the verdict's evidence (event log) and for people (stderr), once per
-    exception (``run`` reports before its exit handlers; its caller reports whatever it raises)."""
-    if getattr(exc, REPORTED, False):
-        return
-    try:
-        setattr(exc, REPORTED, True)
-    except AttributeError:  # an exception type without attributes of its own: reported again at worst
-        pass
-    events.emit(Event.ERROR, type=type(exc).__name__, message=str(exc)[:4000], chain=exception_chain(exc),
-                traceback=traceback.format_exc()[-8000:])
-    traceback.print_exc()
-    sys.stderr.flush()
-
-
-def exit_now(code: int) -> None:
-    """End a spawned rank as a forked one ends: without interpreter finalization. A process group
-    some object still holds is then destroyed during finalization, and gloo's threads trying to
-    take the GIL abort the process ("terminate called without an active exception", seen once in
-    a few hundred spawned ranks under load): a crash after the rank's work was done and reported."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    return run_reporting(events, lambda: run(plan, rank, events))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
 import torch
 import torch.distributed
 
-from . import warm_rank, worker  # (and what they import: a rank's whole import cost, once)
+from . import startup, warm_rank, worker  # (and what they import: a rank's whole import cost, once)
 from .. import faults  # noqa: F401 -- preloaded too: every fault module, once
 from ..strategies.stack import stacks
 
@@ -76,7 +76,7 @@ THREADS_AFTER_PRELOAD = native_thread_count()
 def run_rank(plan_path: str, rank: int, out_path: str, err_path: str) -> None:
     """Entry point of a forked rank: own session (so its group can be killed), own log files."""
     _become_rank(out_path, err_path)
-    worker.exit_now(worker.main(["worker", plan_path, str(rank)]))
+    startup.exit_now(worker.main(["worker", plan_path, str(rank)]))
 
 
 def run_warm_rank(pool_dir: str, rank: int, world_size: int) -> None:
@@ -84,7 +84,7 @@ def run_warm_rank(pool_dir: str, rank: int, world_size: int) -> None:
     from pathlib import Path
 
     _become_rank(f"{pool_dir}/rank{rank}.out", f"{pool_dir}/rank{rank}.err")
-    worker.exit_now(warm_rank.serve(Path(pool_dir), rank, world_size))
+    startup.exit_now(warm_rank.serve(Path(pool_dir), rank, world_size))
 
 
 def _become_rank(out_path: str, err_path: str) -> None:

@@ -38,6 +38,7 @@ from ..oracle import saved_check
 from ..oracle.evidence import collect_again, collect_phase, follow_phase_events, stderr_tails
 from ..oracle.judge import judge
 from ..rank.helper_hook import hook_environment
+from ..scenario.loader import parse_case
 from . import availability, oracle_chain
 from .node_agents import NodeAgents
 from .reference_cache import ReferenceCache, reference_key
@@ -170,7 +171,7 @@ class Harness:
             case_file = None
             if case.timeline:  # its ranks read the case as this launch runs it
                 case_file = plan.work_dir / f"case_{index}.json"
-                replace(case, document=case.incarnation_document(index)).write(case_file)
+                parse_case(case.incarnation_document(index), case.source, case.id).write(case_file)
             fault = registry.resolve("fault", incarnation.fault.kind)(incarnation.fault)
             fault.setup(env)  # a launch's own fault (`Fault.in_timelines`: no first-run setup or heal)
             try:

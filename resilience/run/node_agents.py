@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from ..core import janitor
@@ -26,6 +25,7 @@ from ..core.node_agents import (
     answered,
 )
 from ..core.records import PhaseStatus
+from ..core.waiting import wait_until
 from ..errors import HarnessError
 from ..launch.backend import rank_environment
 from ..launch.interpreters import Interpreter
@@ -144,19 +144,15 @@ class NodeAgents(NodeAgentControl):
     def _wait(self, node: int, path: Path, seconds: float, what: str, killed_ok: bool = False) -> bool:
         """Until the agent wrote ``path`` (True); ``killed_ok``: an agent SIGKILLed meanwhile (a fault
         acting in it, `rank.helper_hook`) is reaped (False), not an error; any other end is one."""
-        deadline = time.monotonic() + seconds
         process = self.processes[node]
-        while not path.exists():
-            if killed_ok and process.poll() == -signal.SIGKILL:
-                self._reap(node)
-                return False
-            if process.poll() is not None or time.monotonic() > deadline:
-                err = (agent_dir(self.root, node) / "agent.err").read_text()[-2000:]
-                state = (f"exited {process.returncode}" if process.returncode is not None
-                         else f"no answer in {seconds:.0f} s")
-                raise HarnessError(f"node {node}'s agent ({self.module}) failed {what}: {state}\n{err}")
-            time.sleep(0.02)
-        return True
+        if wait_until(path.exists, seconds, give_up=lambda: process.poll() is not None):
+            return True
+        if killed_ok and process.poll() == -signal.SIGKILL:
+            self._reap(node)
+            return False
+        err = (agent_dir(self.root, node) / "agent.err").read_text()[-2000:]
+        state = f"exited {process.returncode}" if process.returncode is not None else f"no answer in {seconds:.0f} s"
+        raise HarnessError(f"node {node}'s agent ({self.module}) failed {what}: {state}\n{err}")
 
     def _reap(self, node: int) -> None:
         """Node ``node``'s agent was killed alone: end what it left in its group, keep its memory."""

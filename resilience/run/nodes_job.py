@@ -23,6 +23,7 @@ Every phase of the job has ``deadline_s``; past it every node's processes are SI
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -30,8 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.elastic_layout import TorchrunLayout
+from ..core.records import PhaseStatus
 from ..errors import HarnessError
 from ..launch.nodes import Nodes
+from .supervisor import RankGroup, deadline_after, supervise
 
 RDZV_PORT = 29400  # each node is a namespace of its own: no other job's port to collide with
 #: rendezvous timeouts short enough for tests: a dead node leaves the rendezvous after 2 missed
@@ -112,47 +115,91 @@ def run_job_on_nodes(scenario: Path, case_id: str | None, *, nodes: int, nproc_p
     if not share_store:
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     started = time.monotonic()
-    runs: dict[int, dict] = {}
     with Nodes(nodes + spares, TorchrunLayout(case_dir).checkpoint_dir) as machine:
-        def start(index: int, join: bool, standby: Path | None = None) -> None:
+        def start(index: int, join: bool, standby: Path | None = None) -> DriverRun:
             argv = driver_command(scenario, case_id, machine, index, nnodes=nodes, nproc_per_node=nproc_per_node,
                                   case_dir=case_dir, min_nodes=min_nodes, max_restarts=max_restarts,
                                   rdzv_conf=rdzv_conf, join=join, standby=standby)
             log = log_dir / f"node{index}.log"
-            runs[index] = {"argv": argv, "log": log, "process": machine.start(index, argv, env, log),
-                           "started_at": time.monotonic() - started, "ended_at": None}
+            return DriverRun(argv, log, machine.start(index, argv, env, log), time.monotonic() - started)
 
-        for index in range(nodes):
-            start(index, join=False)
-        standby = {index: log_dir / f"standby.node{index}" for index in range(nodes, nodes + spares)}
-        for index in standby if grow_when is not None else ():
-            start(index, join=True, standby=standby[index])
-        next_spare, timed_out = nodes, False
-        waiting = lambda index: index in standby and index >= next_spare  # noqa: E731 (a spare never handed over)
-        while any(run["process"].poll() is None for index, run in runs.items() if not waiting(index)):
-            for run in list(runs.values()):
-                if run["ended_at"] is None and run["process"].poll() is not None:
-                    run["ended_at"] = time.monotonic() - started
-                    if run["process"].returncode == -9 and min_nodes is None and next_spare < nodes + spares:
-                        start(next_spare, join=True)  # the scheduler replaces the lost node
-                        next_spare += 1
-            if grow_when is not None and next_spare < nodes + spares and grow_when(case_dir):
-                standby[next_spare].touch()  # the scheduler hands a spare to the shrunk elastic job
-                runs[next_spare]["handed_at"] = time.monotonic() - started
-                next_spare += 1
-            if time.monotonic() - started > deadline_s:
-                timed_out = True
-                break
-            time.sleep(POLL_S)
-        for index in list(runs):  # a deadline, or a node's leftovers: nothing outlives the job
-            if machine.alive(index):
-                machine.kill(index)
+        drivers = NodeDrivers(machine, started, nodes, spares, start, replace_lost=min_nodes is None,
+                              grow_when=(lambda: grow_when(case_dir)) if grow_when is not None else None,
+                              standby_dir=log_dir)
+        end = supervise(drivers, deadline_after(deadline_s), watch=drivers.schedule)
         elapsed = time.monotonic() - started
-        results = tuple(NodeRun(index=index, command=tuple(run["argv"]), returncode=run["process"].wait(),
-                                output=run["log"].read_text(errors="replace"), started_at=run["started_at"],
-                                ended_at=run["ended_at"] if run["ended_at"] is not None else elapsed,
-                                handed_at=run.get("handed_at"))
-                        for index, run in sorted(runs.items()))
+        results = tuple(NodeRun(index=index, command=tuple(run.argv), returncode=run.process.wait(),
+                                output=run.log.read_text(errors="replace"), started_at=run.started_at,
+                                ended_at=run.ended_at if run.ended_at is not None else elapsed,
+                                handed_at=run.handed_at)
+                        for index, run in sorted(drivers.runs.items()))
     if not results:
         raise HarnessError("no node driver started")
-    return JobOnNodes(case_dir=case_dir, nodes=results, elapsed_s=elapsed, timed_out=timed_out)
+    return JobOnNodes(case_dir=case_dir, nodes=results, elapsed_s=elapsed, timed_out=end.status == PhaseStatus.DEADLINE)
+
+
+@dataclass
+class DriverRun:
+    """A node driver while the job runs (`NodeRun` once it is over)."""
+
+    argv: list[str]
+    log: Path
+    process: subprocess.Popen
+    started_at: float
+    ended_at: float | None = None
+    handed_at: float | None = None
+    replaced: bool = False  # lost, and a spare started in its place
+
+
+class NodeDrivers(RankGroup):
+    """The nodes' drivers as the one supervisor watches them, playing the scheduler in `schedule`
+    (its ``watch``): a lost node (its driver SIGKILLed) is replaced by the next spare, which joins
+    the running job; with ``grow_when``, the spares stand by from the start and the next one is
+    handed to the job once it holds. A spare standing by counts as done: the job ends without it.
+
+    Failures are the job's own business (torchrun's agents restart their ranks): not ``fails_fast``.
+    At the deadline no driver is signalled for a stack dump (each dumps its own ranks' at its own
+    deadline); `destroy` SIGKILLs every process of every node."""
+
+    fails_fast = False
+    poll_s = POLL_S
+
+    def __init__(self, machine: Nodes, started: float, nodes: int, spares: int,
+                 start: Callable[..., DriverRun], *, replace_lost: bool, grow_when: Callable[[], bool] | None,
+                 standby_dir: Path):
+        self.machine, self.started, self.start, self.replace_lost = machine, started, start, replace_lost
+        self.grow_when, self.last = grow_when, nodes + spares
+        self.runs = {index: start(index, join=False) for index in range(nodes)}
+        self.standby = {index: standby_dir / f"standby.node{index}" for index in range(nodes, nodes + spares)}
+        for index in self.standby if grow_when is not None else ():
+            self.runs[index] = start(index, join=True, standby=self.standby[index])
+        self.next_spare = nodes
+
+    def poll(self) -> list[int | None]:
+        for run in self.runs.values():
+            if run.ended_at is None and run.process.poll() is not None:
+                run.ended_at = time.monotonic() - self.started
+        return [0 if self._standing_by(index) else run.process.poll() for index, run in self.runs.items()]
+
+    def schedule(self) -> None:
+        for run in list(self.runs.values()):
+            lost = run.ended_at is not None and run.process.returncode == -9 and not run.replaced
+            if lost and self.replace_lost and self.next_spare < self.last:
+                run.replaced = True
+                self.runs[self.next_spare] = self.start(self.next_spare, join=True)  # the scheduler replaces it
+                self.next_spare += 1
+        if self.grow_when is not None and self.next_spare < self.last and self.grow_when():
+            self.standby[self.next_spare].touch()  # the scheduler hands a spare to the shrunk elastic job
+            self.runs[self.next_spare].handed_at = time.monotonic() - self.started
+            self.next_spare += 1
+
+    def live_ranks(self) -> dict[int, int]:
+        return {}
+
+    def destroy(self) -> None:
+        for index in list(self.runs):  # a deadline, or a node's leftovers: nothing outlives the job
+            if self.machine.alive(index):
+                self.machine.kill(index)
+
+    def _standing_by(self, index: int) -> bool:
+        return index in self.standby and index >= self.next_spare

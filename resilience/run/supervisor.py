@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from ..core.janitor import signal_process
 from ..core.plan import PhasePlan
 from ..core.records import PhaseResult, PhaseStatus
+from ..core.waiting import wait_until
 from ..launch.backend import RankProcess, is_stopped
 from ..oracle.evidence import collect_phase, where_waiting
 
@@ -170,9 +171,5 @@ def collect(plan: PhasePlan, end: GroupEnd) -> PhaseResult:
 def _grace(group: RankGroup) -> list[int | None]:
     """Like torchrun's agent, notice a failure a moment late: survivors finish the write they are
     in (a peer's death reaches them at their next collective) instead of being cut at a random byte."""
-    until = time.monotonic() + group.grace_s
-    codes = group.poll()
-    while time.monotonic() < until and any(code is None for code in codes):
-        time.sleep(group.poll_s)
-        codes = group.poll()
-    return codes
+    wait_until(lambda: all(code is not None for code in group.poll()), group.grace_s, interval_s=group.poll_s)
+    return group.poll()

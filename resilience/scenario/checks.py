@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -17,8 +16,6 @@ from ..core import registry
 from ..core.confined import RELATIVE_GLOB, relative_glob_problem
 from ..errors import PluginError, ScenarioError
 
-SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
-SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*([a-zA-Z]*)\s*$")
 NEAR_MISS = 0.7  # difflib ratio: 'torch.per_rnk' -> 'torch.per_rank' (0.96), not 'torch.magic' -> 'torch.rank0'
 MAX_LISTED = 20  # problems one error lists; a matrix can repeat a mistake in every case
 
@@ -29,24 +26,6 @@ def did_you_mean(word: Any, candidates: Iterable[Any]) -> str:
         return ""
     close = difflib.get_close_matches(word, [c for c in candidates if isinstance(c, str)], n=1, cutoff=NEAR_MISS)
     return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def parse_size(text: Any) -> int | None:
-    """Bytes from an int or a string like '64KiB', '512 MiB', '1GiB'; None if not a size."""
-    if isinstance(text, bool):
-        return None
-    if isinstance(text, int):
-        return text if text >= 0 else None
-    if not isinstance(text, str):
-        return None
-    match = SIZE_PATTERN.match(text)
-    if not match or match.group(2).lower() not in SIZE_UNITS:
-        return None
-    try:
-        number = int(match.group(1))
-    except ValueError:  # more digits than int() accepts (sys.get_int_max_str_digits)
-        return None
-    return number * SIZE_UNITS[match.group(2).lower()]
 
 
 class Problems:

@@ -7,14 +7,14 @@ pieces: `safe_yaml` (bounded, strict YAML), `matrix` (cases and their ids), `val
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from ..core.case import Case, Scenario
 from ..core.script_case import ScriptCase
+from ..core.sizes import parse_size
 from ..errors import ScenarioError
-from .checks import Problems, Validator, parse_size
+from .checks import Problems, Validator
 from .matrix import MAX_CASES, expand_cases
 from .safe_yaml import MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES, parse_yaml, read_scenario_text
 from .schema import DEFAULT_TIMEOUTS, RESTART_KEYS, TOP_KEYS, TOPOLOGY_KEYS, TRIGGER_KEYS, WORKLOAD_KEYS
@@ -23,7 +23,7 @@ from .validate import check_case
 
 __all__ = ["DEFAULT_TIMEOUTS", "MAX_CASES", "MAX_DEPTH", "MAX_FILE_BYTES", "MAX_NODES", "RESTART_KEYS",
            "TOPOLOGY_KEYS", "TOP_KEYS", "TRIGGER_KEYS", "WORKLOAD_KEYS", "load_document", "load_file", "load_text",
-           "parse_case", "parse_size", "read_case_file"]
+           "parse_case", "parse_size"]
 
 
 def load_file(path: Path | str) -> Scenario:
@@ -59,12 +59,6 @@ def load_document(document: Any, source: str) -> Scenario:
     doc = Validator(source, problems=problems).mapping("", document, TOP_KEYS)
     cases = expand_cases(source, doc, TOP_KEYS, problems, check_case)
     return Scenario(path=source, name=cases[0].name, cases=tuple(cases))
-
-
-def read_case_file(path: Path) -> Case:
-    """The case the harness handed to its rank processes (case.json of the case directory)."""
-    data = json.loads(Path(path).read_text())
-    return parse_case(data["document"], data["source"], data["id"])
 
 
 def parse_case(document: Any, source: str, case_id: str = "", where: str = "") -> Case:

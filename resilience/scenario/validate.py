@@ -23,6 +23,7 @@ from ..core.case import (
     WorkloadSpec,
 )
 from ..core.events import ClockPhase
+from ..core.sizes import parse_size
 from ..disk.trace_targets import POINTER, WRITTEN_BY, is_selector, parse_target
 from .capability_check import (
     capability_problem,
@@ -32,7 +33,7 @@ from .capability_check import (
     verify_saves_setting,
     workload_option_problem,
 )
-from .checks import Problems, Validator, parse_size
+from .checks import Problems, Validator
 from .placement import check_case_software, check_topology
 from .schema import (
     DEFAULT_TIMEOUTS,

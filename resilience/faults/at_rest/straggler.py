@@ -29,6 +29,7 @@ from typing import Any
 
 from ...core.confined import resolve_under
 from ...core.processes import process_state
+from ...core.waiting import wait_until
 from ...errors import HarnessError
 from ..base import CaseEnvironment
 from .damage import DamageAfterSave, file_identities
@@ -84,14 +85,14 @@ class Straggler(DamageAfterSave):
         if not pids:
             return  # the trigger never fired
         (env.case_dir / RELEASE_FILE).touch()
-        deadline = time.monotonic() + FIRST_WRITE_WAIT_S
-        while not (env.case_dir / FIRST_WRITE_FILE).exists():
-            gone = not any(_alive(pid) for pid in pids) and not (env.case_dir / FIRST_WRITE_FILE).exists()
-            if gone or time.monotonic() > deadline:
-                how = "exited" if gone else f"did not write within {FIRST_WRITE_WAIT_S:.0f} s of its release"
-                raise HarnessError(f"the straggler started for {env.case_dir} {how} before its first write; "
-                                   f"the case cannot show split brain")
-            time.sleep(0.01)
+        def gone() -> bool:
+            return not any(_alive(pid) for pid in pids)
+
+        if not wait_until((env.case_dir / FIRST_WRITE_FILE).exists, FIRST_WRITE_WAIT_S, interval_s=0.01,
+                          give_up=gone):
+            how = "exited" if gone() else f"did not write within {FIRST_WRITE_WAIT_S:.0f} s of its release"
+            raise HarnessError(f"the straggler started for {env.case_dir} {how} before its first write; "
+                               f"the case cannot show split brain")
 
     def teardown(self, env: CaseEnvironment) -> None:
         """SIGKILL every straggler this case started, by pid, and wait until each is gone."""
@@ -102,9 +103,7 @@ class Straggler(DamageAfterSave):
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     continue
-        deadline = time.monotonic() + EXIT_WAIT_S
-        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
-            time.sleep(0.02)
+        wait_until(lambda: not any(_alive(pid) for pid in pids), EXIT_WAIT_S)
 
 
 def _started(env: CaseEnvironment) -> list[int]:
@@ -131,11 +130,8 @@ def _alive(pid: int) -> bool:
 
 def main(argv: list[str]) -> int:
     config = json.loads(argv[1])
-    release_deadline = time.monotonic() + config["wait_s"]
-    while not Path(config["wait_for"]).exists():  # the previous incarnation outlives its job
-        if time.monotonic() > release_deadline:
-            return 0
-        time.sleep(0.005)
+    if not wait_until(Path(config["wait_for"]).exists, config["wait_s"], interval_s=0.005):
+        return 0  # never released: the previous incarnation outlives its job only when asked to
     stale, targets = Path(config["source"]).read_bytes(), [Path(t) for t in config["targets"]]
     deadline = time.monotonic() + config["seconds"]
     _overwrite(targets, stale)

@@ -13,6 +13,7 @@ from typing import Any
 
 from ...core.case import MEMORY_COPY, MICRO_STEP
 from ...core.events import ClockPhase, Event
+from ...core.waiting import wait_until
 from ...disk.interception import InterceptedFile
 from ..base import Fault, WriteListener
 
@@ -176,13 +177,11 @@ class Kill(Fault, WriteListener):
 
     def _await_written(self) -> str | None:
         """The matching file some rank wrote during this save, once there is one; None after AWAIT_S."""
-        deadline = time.monotonic() + AWAIT_S
-        while time.monotonic() < deadline:
-            for relative, identity in self._awaited_files().items():
-                if self._before_save.get(relative) != identity:
-                    return relative
-            time.sleep(0.01)
-        return None
+        def rewritten() -> str | None:
+            return next((relative for relative, identity in self._awaited_files().items()
+                         if self._before_save.get(relative) != identity), None)
+
+        return wait_until(rewritten, AWAIT_S, interval_s=0.01)
 
     def _kill(self, file: InterceptedFile | None, flushed: bool = False) -> None:
         if file is not None and not flushed:

@@ -17,7 +17,6 @@ processes are stopped, before they are killed. It needs ``topology.storage: node
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal
@@ -28,13 +27,14 @@ from typing import ClassVar
 from ...core.elastic_layout import NODE_NAMESPACE_ENV
 from ...core.events import Event
 from ...core.janitor import signal_process, stop_all
+from ...core.processes import outlive_parent
 from ...core.topology import NODE_LOCAL
+from ...core.waiting import wait_until
 from ...errors import ScenarioError
 from ..base import CaseEnvironment
 from ..network.netns import is_in_namespace, processes_in_my_namespace
 from .kill import Kill
 
-PR_SET_PDEATHSIG = 1
 GONE_WAIT_S = 5.0
 
 
@@ -82,9 +82,7 @@ class NodeLoss(Kill):
             ranks[rank].signal(signal.SIGKILL)
         if self.node_agents is not None:  # the node's agent, and its memory, go with it
             self.node_agents.lose(node)
-        deadline = time.monotonic() + GONE_WAIT_S
-        while any(ranks[r].poll() is None for r in self.lost_ranks) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: all(ranks[r].poll() is not None for r in self.lost_ranks), GONE_WAIT_S, interval_s=0.01)
 
     def notes(self, env, phases) -> tuple[str, ...]:
         if not self.lost_ranks:
@@ -104,7 +102,7 @@ class NodeLoss(Kill):
         if not is_in_namespace(namespace):  # never the machine's own namespace: that is every process
             raise RuntimeError(f"node_loss: {NODE_NAMESPACE_ENV} is {namespace!r}, but this rank is not in "
                                f"that network namespace (or it is the machine's own): refusing to kill it")
-        _outlive_parent()  # killing its parent must not end this process before the last SIGKILL is sent
+        outlive_parent()  # killing its parent must not end this process before the last SIGKILL is sent
         stopped = stop_all(processes_in_my_namespace)
         if self.spec.params["local_storage"] == "lost":
             _empty(self.env.checkpoint_dir)
@@ -112,11 +110,6 @@ class NodeLoss(Kill):
             signal_process(pid, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(3600)
-
-
-def _outlive_parent() -> None:
-    """Undo PR_SET_PDEATHSIG (`resilience.rank.worker.die_with_parent`) for this process."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 0)
 
 
 def _empty(directory: Path) -> None:

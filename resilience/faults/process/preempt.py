@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from ...core.events import ClockPhase, Event
 from ...core.preemption import sigterm_received
+from ...core.waiting import wait_until
 from ...disk.interception import InterceptedFile
 from ..base import Fault, WriteListener
 
@@ -62,11 +63,9 @@ class Preempt(Fault, WriteListener):
             return
         self.fired(point="start", ranks=self.spec.params["ranks"], grace=self.spec.params["grace"],
                    ends_process=True)
-        deadline = time.monotonic() + SIGTERM_TIMEOUT_S
-        while not sigterm_received():  # without a handler, SIGTERM ends the process in this sleep
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"preempt: no SIGTERM from the harness within {SIGTERM_TIMEOUT_S:g} s")
-            time.sleep(0.01)
+        # without a handler, SIGTERM ends the process in this wait
+        if not wait_until(sigterm_received, SIGTERM_TIMEOUT_S, interval_s=0.01):
+            raise RuntimeError(f"preempt: no SIGTERM from the harness within {SIGTERM_TIMEOUT_S:g} s")
 
     def needs_interception(self) -> bool:
         return self.trigger.after_bytes is not None

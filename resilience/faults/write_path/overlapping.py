@@ -20,6 +20,7 @@ from typing import Any
 
 from ...core.capabilities import Capability
 from ...core.events import ClockPhase
+from ...core.waiting import wait_until
 from ...disk.interception import InterceptedFile
 from ..base import Fault, WriteListener
 
@@ -56,9 +57,7 @@ class OverlappingAsync(Fault, WriteListener):
             if not self.stalled:  # on record before the writer stops: the kill may never come
                 self.stalled = True
                 self.fired(point="write", file=file.relative, stalls=True)
-            deadline = time.monotonic() + STALL_S
-            while time.monotonic() < deadline:
-                time.sleep(0.05)
+            time.sleep(STALL_S)
 
     def at(self, phase: ClockPhase, step: int) -> None:
         if phase != ClockPhase.TRAIN or not self.on_trigger_rank() or step <= self.trigger.step:
@@ -67,10 +66,9 @@ class OverlappingAsync(Fault, WriteListener):
         if len([s for s in flying if s >= self.trigger.step]) >= int(self.spec.params.get("in_flight") or 2):
             # the saves before the stall are not held back: on a loaded machine one may still be
             # writing; they finish first, so which steps were committed at the kill is certain
-            deadline = time.monotonic() + EARLIER_SAVES_S
-            while any(s < self.trigger.step for s in flying) and time.monotonic() < deadline:
-                time.sleep(0.05)
-                flying = self.strategy.in_flight_steps()
+            wait_until(lambda: not any(s < self.trigger.step for s in self.strategy.in_flight_steps()),
+                       EARLIER_SAVES_S, interval_s=0.05)
+            flying = self.strategy.in_flight_steps()
             self.fired(point="start", in_flight=flying, ends_process=True)
             os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(3600)

@@ -40,7 +40,7 @@ def object_writer(url: str, storage: str, options: Mapping[str, Any]):
         return S3StorageWriter(region=os.environ["AWS_REGION"], path=url, s3client_config=s3_client_config())
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-    from ...scenario.checks import parse_size
+    from ...core.sizes import parse_size
 
     part = options.get("part_size")  # reaches s3fs's constructor through fsspec
     return FsspecWriter(url, **({"default_block_size": parse_size(part)} if part else {}))
@@ -58,7 +58,7 @@ def object_reader(url: str, storage: str):
 
 def part_size_problem(options: Mapping[str, Any]) -> tuple[str, str, Any, Any] | None:
     """``part_size``: the s3fs block size, above which an object goes up as a multipart upload."""
-    from ...scenario.checks import parse_size
+    from ...core.sizes import parse_size
 
     if "part_size" in options and (parse_size(options["part_size"]) or 0) < MIN_PART:
         return ("strategy.options.part_size", "must be a size of at least 5 MiB (S3's smallest part)",

@@ -151,7 +151,7 @@ class TorchSave(CheckpointStrategy):
     def target(self) -> CheckpointTarget:
         """The checkpoint directory, or the case's object store (``context.checkpoint_url``)."""
         if self._target is None:
-            from ...scenario.checks import parse_size
+            from ...core.sizes import parse_size
 
             part = self.context.options.get("part_size")
             self._target = target_of(self.context.checkpoint_dir, self.context.checkpoint_url,
