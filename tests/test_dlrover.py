@@ -126,3 +126,19 @@ def test_an_agent_killed_as_it_opens_the_tracker_leaves_it_empty_and_the_relaunc
     assert result.phase("first_run").status == "completed"  # the ranks never knew
     assert result.verdict.kind is VerdictKind.SILENT and result.verdict.restored_step == 0
     assert result.restored_from == "nothing" and _leftovers(result.work_dir, 1) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("restart, tier, verdict", [
+    ({}, "memory", VerdictKind.RECOVERED),
+    ({"world_size": 4, "topology": {"nodes": 2}}, "storage", VerdictKind.SILENT),
+])
+def test_damage_at_rest_waits_for_the_agents_persist_and_hides_behind_the_memory(tmp_path, dlrover_layered,
+                                                                                 restart, tier, verdict):
+    result = run_case(tmp_path, strategy=FLASH, workload=PACED, restart=restart,
+                      fault={"kind": "bit_flip", "rank": 0, "step": 4, "file": "4/rank_0.pt"})
+    fired = [e for p in result.phases for e in p.fault_events if e["event"] == Event.FAULT_FIRED]
+    assert [e["files"] for e in fired] == [["4/rank_0.pt"]]  # the agent's file, once it was on disk
+    assert result.verdict.kind is verdict and result.verdict.restored_step == 4, result.verdict.findings
+    assert result.restored_from == tier
+    assert (result.storage_bytes_read == 0) is (tier == "memory")

@@ -252,6 +252,14 @@ class CheckpointStrategy(ABC):
         (``failed`` false), or after it raised and reported its error (``failed`` true; a peer's
         death reaching it in a collective included: the survivors get ``failure_grace_s``)."""
 
+    def wait_persisted(self, step: int, timeout_s: float) -> bool:
+        """Return once the step-``step`` save is in storage as a restore from storage would read
+        it (True), or False after ``timeout_s``. Called on every rank once its ``save(workload,
+        step)`` returned, by a fault that acts on the files at rest. A strategy whose ``save``
+        writes storage before it returns answers at once (the default); one whose agent persists
+        in the background waits for it."""
+        return True
+
     @abstractmethod
     def load(self, workload: Workload) -> None:
         """Restore the newest trusted checkpoint into ``workload``, or raise; called on every rank."""

@@ -33,6 +33,9 @@ def file_identities(root: Path) -> dict[str, tuple[int, int, int]]:
     return found
 
 
+PERSIST_WAIT_S = 60.0  # for a save a node agent persists in the background (`CheckpointStrategy.wait_persisted`)
+
+
 class DamageAfterSave(Fault, WriteListener):
     """The shared trigger: after the ``step`` save returned everywhere, damage, then stop the job.
 
@@ -54,6 +57,7 @@ class DamageAfterSave(Fault, WriteListener):
     def __init__(self, spec):
         super().__init__(spec)
         self._before: dict[str, tuple[int, int, int]] | None = None
+        self.not_persisted = False
         self.tracer = SaveTracer.for_values((spec.trigger.file, spec.params.get("source")), spec.trigger.step,
                                             1 << 20) if spec.trigger else None
 
@@ -102,6 +106,8 @@ class DamageAfterSave(Fault, WriteListener):
 
     def missed(self) -> str:
         """Why no file was damaged, in one line."""
+        if self.not_persisted:
+            return f"the step-{self.trigger.step} save was not in storage within {PERSIST_WAIT_S:g} s"
         if is_selector(self.trigger.file):
             target = parse_target(self.trigger.file, self.env.world_size)
             return f"no file fits: {target.describe(self.trigger.step)} (none it can act on)"
@@ -120,10 +126,11 @@ class DamageAfterSave(Fault, WriteListener):
 
         if self.tracer is not None:
             self.tracer.flush()  # before the ranks meet: the trigger rank reads every rank's trace
-        dist.barrier()  # every rank's save returned: its files are complete
+        persisted = strategy.wait_persisted(step, PERSIST_WAIT_S)  # an agent may still be writing it
+        dist.barrier()  # every rank's save returned and is in storage: its files are complete
         acted = False
         if self.on_trigger_rank():
-            targets = self.pick(self.written_during_save()) if self.damages_files else []
+            targets = self.pick(self.written_during_save()) if self.damages_files and persisted else []
             if targets or not self.damages_files:
                 if self.env.checkpoint_url:
                     detail = self.damage_objects(targets)
@@ -132,6 +139,7 @@ class DamageAfterSave(Fault, WriteListener):
                 acted = True
                 self.fired(point="returned", files=targets, ends_process=self.stops_job, **detail)
             else:
+                self.not_persisted = not persisted
                 self.env.emit(Event.FAULT_MISSED, kind=self.spec.kind, file=self.trigger.file, reason=self.missed())
         dist.barrier()  # the damage is done before anyone goes on
         if acted and self.stops_job:

@@ -20,10 +20,12 @@ from typing import Any, ClassVar
 
 from ...core.capabilities import Capability
 from ...core.node_agents import agent_dir, agent_name
+from ...core.waiting import wait_until
 from ...workloads.base import Workload
 from ..base import CheckpointStrategy
 from . import PACKAGES, dlrover_environment, use_node_sockets
 
+TRACKER = "dlrover_latest.txt"  # the newest persisted step, written by node 0's agent
 STEP_KEY = "flash_step"  # beside the workload's state: the step the checkpointer was given
 SAVE_TIMEOUT_S = 30  # how long node 0's agent waits for every shard's done file (DLRover: 600 s)
 
@@ -81,6 +83,22 @@ class FlashCheckpoint(CheckpointStrategy):
         every = self.context.options.get("storage_every", 4)
         kind = StorageType.DISK if step % every == 0 else StorageType.MEMORY
         self._checkpointer().save_checkpoint(step, {**workload.state_dict(), STEP_KEY: step}, storage_type=kind)
+
+    def wait_persisted(self, step: int, timeout_s: float) -> bool:
+        """A step persisted to storage (a multiple of ``storage_every``) is on disk once node 0's
+        agent wrote the tracker naming it, after every node's shard (full_ckpt_engine.py:118-145,
+        ckpt_saver.py ``commit_checkpoint``); a memory-only step never is."""
+        if step % self.context.options.get("storage_every", 4):
+            return False
+        tracker = self.context.checkpoint_dir / TRACKER
+
+        def named() -> bool:
+            try:
+                return int(tracker.read_text().strip() or 0) >= step
+            except (FileNotFoundError, ValueError):
+                return False
+
+        return bool(wait_until(named, timeout_s, interval_s=0.05))
 
     def load(self, workload: Workload) -> None:
         engine = self._checkpointer()._engine
