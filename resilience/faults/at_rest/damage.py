@@ -126,7 +126,8 @@ class DamageAfterSave(Fault, WriteListener):
 
         if self.tracer is not None:
             self.tracer.flush()  # before the ranks meet: the trigger rank reads every rank's trace
-        persisted = strategy.wait_persisted(step, PERSIST_WAIT_S)  # an agent may still be writing it
+        # an agent may still be writing it; a user's script (no strategy: black-box mode) wrote it itself
+        persisted = strategy is None or strategy.wait_persisted(step, PERSIST_WAIT_S)
         dist.barrier()  # every rank's save returned and is in storage: its files are complete
         acted = False
         if self.on_trigger_rank():
