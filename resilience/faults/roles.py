@@ -138,11 +138,12 @@ class RankSide:
         around it, e.g. a rank passing another tag, keeps it). Main thread, rank processes only."""
 
     def at(self, phase: ClockPhase, step: int) -> None:
-        """The rank enters ``phase`` (``train`` or ``save``) of ``step``: called by the rank's loop
+        """The rank enters ``phase`` (``ClockPhase.TRAIN`` or ``SAVE``) of ``step``: called by the rank's loop
         in its main thread, before the step's all-reduce or the save's first file."""
 
     def after_save(self, strategy: Any, step: int) -> None:
-        """The rank's ``strategy.save`` for ``step`` returned (main thread, before the next step)."""
+        """The rank's ``strategy.save`` for ``step`` returned (main thread, before the next step).
+        ``strategy`` is None in a user's script (black-box mode): its own code saved."""
 
     def between_micro_steps(self, step: int) -> None:
         """The rank finished a micro-batch of ``step`` that is not the step's last (forward and

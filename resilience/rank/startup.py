@@ -8,7 +8,7 @@
   at once with status 1, without waiting for peers stuck in a collective;
 - at its end `exit_now`: no interpreter finalization.
 
-Standard library only, so a process can take it before it imports torch.
+The standard library and this package's core only, so a process can take it before it imports torch.
 """
 from __future__ import annotations
 
