@@ -110,3 +110,152 @@ def test_the_entry_point_checks_see_a_start_up_of_its_own():
     source = "def main():\n    faulthandler.register(signal.SIGUSR1)\n    run()\ndef serve():\n    begin_rank()\n"
     assert "begin_rank" not in calls(source, "main") and "begin_rank" in calls(source, "serve")
     assert "faulthandler.register" in calls(source) and "faulthandler.register" not in calls("janitor.register(1)")
+
+
+# -- one phase sequence ---------------------------------------------------------------------------
+SEQUENCE = "run/case_sequence.py"
+# the fault's calls between the runs outside the one sequence, and why
+OWN_SEQUENCES = {"run/blackbox.py": "a user's script has no Case nor phases: black-box mode's launches and verdict",
+                 "run/script_timeline.py": "each launch of a script's timeline sets up and heals its own fault"}
+BETWEEN_RUNS = {"heal", "findings", "notes"}  # the fault's calls that order the runs
+
+
+def test_the_fault_is_called_between_the_runs_only_by_the_one_phase_sequence():
+    found = [f"{path.relative_to(PACKAGE)}: {name}" for path in sorted((PACKAGE / "run").glob("*.py"))
+             if str(path.relative_to(PACKAGE)) not in {SEQUENCE, *OWN_SEQUENCES}
+             for name in sorted(BETWEEN_RUNS & calls(path.read_text()))]
+    assert not found, ("a phase sequence of its own (subclass run.case_sequence.CaseSequence and skip the steps "
+                       "it does not take by name):\n" + "\n".join(found))
+
+
+def _drivers() -> list[type]:
+    import resilience.run.harness
+    import resilience.run.torchrun  # noqa: F401  (the drivers register as subclasses on import)
+    from resilience.run.case_sequence import CaseSequence
+
+    seen, queue = [], list(CaseSequence.__subclasses__())
+    while queue:
+        cls = queue.pop()
+        seen.append(cls)
+        queue += cls.__subclasses__()
+    return [cls for cls in seen if cls.__module__.startswith("resilience.")]  # not this file's own
+
+
+def test_the_harness_the_torchrun_driver_and_the_explorer_take_the_one_sequence():
+    from resilience.run.case_sequence import CaseSequence, Step
+
+    drivers = {cls.__name__: cls for cls in _drivers()}
+    assert {"LocalCase", "Explorer", "_Driver"} <= set(drivers), drivers
+    for name, cls in drivers.items():
+        assert "run" not in vars(cls) or name == "_Driver", f"{name} runs the steps in an order of its own"
+        for step in Step:
+            if step not in cls.skips and step.value in ("reference", "check_saves", "oracles", "probe"):
+                assert getattr(cls, step.value) is not getattr(CaseSequence, step.value), (name, step)
+
+
+class _Recorder:
+    """What the sequence asks of a fault, in order (the sequence's own contract, without ranks)."""
+
+    def __init__(self, leaves_saves_alone: bool):
+        self.leaves_saves_alone, self.calls = leaves_saves_alone, []
+
+    def setup(self, env):
+        self.calls.append("fault.setup")
+
+    def heal(self, env):
+        self.calls.append("fault.heal")
+
+    def findings(self, env, phases):
+        self.calls.append("fault.findings")
+        return ()
+
+    def notes(self, env, phases):
+        return ()
+
+    def teardown(self, env):
+        self.calls.append("fault.teardown")
+
+
+def _sequence(fault: _Recorder, skipped=frozenset(), fail_at: str | None = None):
+    from resilience.run.case_sequence import CaseSequence, Step
+
+    class Steps(CaseSequence):
+        skips = frozenset(Step(name) for name in skipped)
+
+        def _step(self, name, progress):
+            fault.calls.append(name)
+            if name == fail_at:
+                raise RuntimeError(name)
+            return progress
+
+        def reference(self, progress):
+            return self._step("reference", progress)
+
+        def first_run(self, progress):
+            return self._step("first_run", progress)
+
+        def check_saves(self, progress):
+            return self._step("check_saves", progress)
+
+        def restart(self, progress):
+            return self._step("restart", progress)
+
+        def oracles(self, progress):
+            return self._step("oracles", progress)
+
+        def probe(self, progress):
+            return self._step("probe", progress)
+
+        def judge(self, progress):
+            fault.calls.append("judge")
+            return "result"
+
+    return Steps(None, fault, None)
+
+
+def test_the_sequence_runs_every_step_in_its_order_and_tears_down_before_judging():
+    fault = _Recorder(leaves_saves_alone=False)
+    assert _sequence(fault).run() == "result"
+    assert fault.calls == ["reference", "fault.setup", "first_run", "check_saves", "fault.heal", "restart",
+                           "oracles", "probe", "fault.findings", "fault.teardown", "judge"]
+    fault = _Recorder(leaves_saves_alone=True)  # a heal that lifts a rule: the saves are checked after it
+    _sequence(fault, skipped={"probe", "oracles"}).run()
+    assert fault.calls == ["reference", "fault.setup", "first_run", "fault.heal", "check_saves", "restart",
+                           "fault.findings", "fault.teardown", "judge"]
+
+
+def test_a_step_that_raises_still_tears_down_and_nothing_is_judged():
+    fault = _Recorder(leaves_saves_alone=False)
+    try:
+        _sequence(fault, fail_at="restart").run()
+    except RuntimeError:
+        pass
+    assert fault.calls[-2:] == ["restart", "fault.teardown"]
+    fault = _Recorder(leaves_saves_alone=False)  # no reference, no setup: nothing to tear down
+    try:
+        _sequence(fault, fail_at="reference").run()
+    except RuntimeError:
+        pass
+    assert fault.calls == ["reference"]
+
+
+def test_a_step_taken_but_not_written_is_refused():
+    from resilience.run.case_sequence import CaseSequence
+
+    class Forgetful(CaseSequence):
+        def first_run(self, progress):
+            return progress
+
+        def restart(self, progress):
+            return progress
+
+        def judge(self, progress):
+            return None
+
+    fault = _Recorder(leaves_saves_alone=False)
+    try:
+        Forgetful(None, fault, None).run()
+    except NotImplementedError as error:
+        assert "reference" in str(error) and "skips" in str(error)
+    else:
+        raise AssertionError("a step with no implementation ran")

@@ -15,7 +15,7 @@ from ..core import registry
 from ..core.interrupts import SIGTERM_EXIT_STATUS, Terminated, end_like_ctrl_c_on_sigterm
 from ..launch.backend import BACKENDS, DEFAULT_BACKEND
 from ..run.blackbox import run_script_case
-from ..run.explore import PROFILES
+from ..run.explore_records import PROFILES
 from ..run.harness import Harness
 from ..run.reference_cache import ReferenceCache, default_cache_dir
 from .blackbox import add_blackbox_command, blackbox_main

@@ -24,7 +24,8 @@ import secrets
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .plan import FIRST_RUN, PhasePlan
+from .case import Case
+from .plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan, Start
 
 LAUNCH_ENV = "RESILIENCE_TORCHRUN_LAUNCH"  # which launch of torchrun by the driver this process belongs to
 _INCARNATION = re.compile(r"^launch(\d+)\.restart(\d+)$")
@@ -67,6 +68,36 @@ class TorchrunLayout:
     @property
     def temp_dir(self) -> Path:
         return self.case_dir / "tmp"
+
+    @property
+    def snapshots_dir(self) -> Path:
+        """The reference's snapshots, where an elastic restart at another size is continued by the oracle."""
+        return self.case_dir / "snapshots"
+
+    def write_plans(self, case: Case, may_grow: bool) -> None:
+        """The case and the plans of its reference, first run and restart, read by every incarnation's
+        ranks; ``may_grow``: also the restart's at the first run's size, for a shrunk job a spare grows back."""
+        for directory in (self.checkpoint_dir, self.temp_dir, self.template(REFERENCE).parent):
+            directory.mkdir(parents=True, exist_ok=True)
+        case.write(self.case_file)
+        size, later = case.workload.world_size, case.restart.world_size
+        common = dict(case_file=str(self.case_file), store_path="", phase_dir="", snapshot_step=None,
+                      checkpoint_dir=str(self.checkpoint_dir), collective_timeout_s=case.timeouts.collective_s)
+        first = dict(world_size=size, rank_map=tuple(range(size)), topology=case.placement.as_dict(), **common)
+        # node-local storage follows the topology; an elastic restart at another size is continued by the oracle
+        snapshots = str(self.snapshots_dir) if case.topology_changes else None
+        for plan in (PhasePlan(name=REFERENCE, start=Start.FRESH, save=False, inject=False, record_states=True,
+                               snapshot_dir=snapshots, **first),
+                     PhasePlan(name=FIRST_RUN, start=Start.FRESH, save=True, inject=True, record_states=False,
+                               snapshot_dir=None, **first),
+                     PhasePlan(name=RESTART, start=Start.STRATEGY, save=True, inject=False, record_states=False,
+                               snapshot_dir=None, world_size=later, rank_map=tuple(range(later)),
+                               topology=case.restart.placement.as_dict(), **common)):
+            plan.write(self.template(plan.name))
+        if case.topology_changes and may_grow:
+            grown = PhasePlan(name=RESTART, start=Start.STRATEGY, save=True, inject=False, record_states=False,
+                              snapshot_dir=None, **first)
+            grown.write(self.template(RESTART, size))
 
     def template(self, phase: str, world_size: int | None = None) -> Path:
         """The driver's plan of ``phase``; with ``world_size``, the one for a group of that size."""

@@ -24,16 +24,12 @@ from __future__ import annotations
 
 import json
 import os
-import time
-from collections import Counter
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from ..core.case import Case
 from ..core.events import Event
-from ..core.plan import FIRST_RUN, Start
-from ..core.records import CaseResult, PhaseResult, PhaseStatus, Verdict
+from ..core.records import CaseResult, PhaseResult, PhaseStatus
 from ..disk.crash_states import CrashModel, CrashPoint
 from ..disk.enumeration import distinct_states
 from ..disk.state_tree import read_tree, state_hash
@@ -43,116 +39,91 @@ from ..launch.backend import ProcessBackend
 from ..oracle.judge import judge
 from ..oracle.rules import SEVERITY
 from . import availability
+from .case_sequence import Progress, Step
 from .crash_restores import CrashRestores
+from .explore_records import PROFILE_VARIABLE, PROFILES, Exploration, Profile, StateResult, report
 from .explore_search import search
+from .local_case import LocalCase, PhaseRunner
 
 CANARY_EVERY = 10  # one warm-restored state in ten (the last one first) and the reported one: again in fresh ranks
 
 
-@dataclass(frozen=True)
-class Profile:
-    """How much to explore: distinct disk states enumerated at most (``states`` with warm restores,
-    ``restores`` with fresh ones), and beyond that Hypothesis examples and real restores."""
+class Explorer(LocalCase):
+    """Runs one power_loss case through the phase sequence (`run.case_sequence`): the reference and
+    the first run as `LocalCase` takes them (the first run traced), the restart step restores every
+    crash state, the probe checks the reported one's older checkpoints. ``warm_backend``: the
+    harness's, for warm ranks (None: fresh ranks only); ``keep``: keep each materialised crash state."""
 
-    states: int
-    examples: int
-    restores: int
-    derandomize: bool  # the same crash states on every run (CI)
+    skips = frozenset({
+        Step.CHECK_SAVES,  # every crash state's restore checks the saves
+        Step.ORACLES,  # the restart runs at the first run's world size: the reference is the oracle
+        Step.FINDINGS,  # what the exploration found is its summary (judge)
+    })
 
-
-PROFILE_VARIABLE = "RESILIENCE_EXPLORE_PROFILE"  # overrides every case's fault.profile
-PROFILES = {"ci": Profile(states=120, examples=150, restores=60, derandomize=True),
-            "long": Profile(states=2000, examples=400, restores=600, derandomize=False)}
-
-
-@dataclass(frozen=True)
-class StateResult:
-    """One restored crash state."""
-
-    point: CrashPoint
-    digest: str
-    verdict: Verdict
-    restart: PhaseResult
-    description: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Exploration:
-    """What the exploration saw: every restored state, the reported one, and the counts."""
-
-    states: tuple[StateResult, ...]
-    reported: StateResult
-    failing: bool  # the reported state's verdict is worse than the scenario expects
-    draws: int  # crash points drawn by Hypothesis (many give the same disk state)
-    swept: int  # crash points of the sweep over every op boundary
-    restores: int  # distinct disk states restored by real ranks
-    enumerated: int | None = None  # distinct disk states of the bounded model, when all were explored
-    too_large: str = ""  # why the save was searched rather than enumerated
-    restored_in: str = "fresh ranks"
-    canaries: int = 0  # states restored again by fresh ranks
-    canary_note: str = ""  # a warm restore the fresh ranks disagreed with
-
-    def counts(self) -> dict[str, int]:
-        return dict(Counter(state.verdict.kind.value for state in self.states))
-
-    def summary(self, step: int) -> str:
-        if self.enumerated is not None:
-            how = (f"explored {self.restores} of {self.enumerated} distinct crash states (every op boundary, "
-                   f"every bounded loss: docs/exploration.md)")
-        else:
-            how = (f"too large to enumerate ({self.too_large}): {self.swept} crash points swept (every op "
-                   f"boundary, all or no volatile state lost), {self.draws} drawn by Hypothesis, "
-                   f"{self.restores} distinct disk states restored")
-        canary = (f"; {self.canaries} restored again by fresh ranks: same verdicts" if self.canaries and
-                  not self.canary_note else "")
-        return (f"power loss in the step-{step} save: {how}, in {self.restored_in}{canary}; judged "
-                f"{len(self.states)} ways (which ranks' saves had returned): "
-                + ", ".join(f"{kind} {n}" for kind, n in sorted(self.counts().items())))
-
-
-class Explorer:
-    """Runs one power_loss case. ``run_phase(plan, case, backend=None)`` runs one phase of real
-    ranks (the harness's `Harness.run_phase`); ``backend``: the harness's, for warm ranks (None:
-    fresh ranks only); ``keep``: keep each materialised crash state."""
-
-    def __init__(self, run_phase: Callable[..., PhaseResult], keep: bool = False, profile: str | None = None,
-                 max_restores: int | None = None, backend: ProcessBackend | None = None):
-        self.run_phase, self.keep = run_phase, keep
-        self.profile_name = profile
-        self.max_restores = max_restores
-        self.backend = backend
-
-    def run(self, case: Case, work_dir: Path, checkpoint_dir: Path, plan, reference: PhaseResult) -> CaseResult:
+    def __init__(self, case: Case, work_dir: Path, run_phase: PhaseRunner, cache, keep: bool = False,
+                 profile: str | None = None, max_restores: int | None = None,
+                 warm_backend: ProcessBackend | None = None):
         if case.topology_changes:
             raise HarnessError(f"{case.source}: a power_loss case restores at the world size it saved with "
                                f"(restart.world_size {case.restart.world_size} != {case.workload.world_size})")
-        first_run = self.run_phase(plan.make(FIRST_RUN, case.workload.world_size, Start.FRESH, save=True,
-                                                  inject=True), case)
+        super().__init__(case, work_dir, run_phase, cache)
+        self.store = self.agents = None  # crash states are files: no store or node agent takes part
+        self.work_dir, self.keep = work_dir, keep
+        self.profile_name = profile
+        self.max_restores = max_restores
+        self.warm_backend = warm_backend
+        self.restores: CrashRestores | None = None
+        self.model: CrashModel | None = None
+        self.exploration: Exploration | None = None
+
+    def first_run(self, progress: Progress) -> Progress:
+        progress = super().first_run(progress)
+        first_run = progress.first_run
         if first_run.status != PhaseStatus.COMPLETED:
             raise HarnessError(f"the traced first run did not complete ({first_run.status}): "
                                f"{first_run.first_error.summary() if first_run.first_error else ''}")
-        step = case.fault.trigger.step
-        model = CrashModel(trace_dir(work_dir), case.workload.world_size, step)
-        check_fidelity(model, checkpoint_dir)
+        self.model = CrashModel(trace_dir(self.work_dir), self.case.workload.world_size, self.case.fault.trigger.step)
+        check_fidelity(self.model, self.plan.checkpoint_dir)
+        return progress
+
+    def restart(self, progress: Progress) -> Progress:
+        """Every distinct crash state (or Hypothesis's draws), each restored by real ranks."""
+        case = self.case
         name = (self.profile_name or os.environ.get(PROFILE_VARIABLE) or case.fault.params.get("profile", "ci"))
         if name not in PROFILES:
             raise HarnessError(f"${PROFILE_VARIABLE}: unknown exploration profile {name!r}; "
                                f"allowed: {', '.join(PROFILES)}")
-        restores = CrashRestores(case, plan, work_dir, self.run_phase, self.backend, self.keep)
+        self.restores = CrashRestores(case, self.plan, self.work_dir, self.run_phase, self.warm_backend, self.keep)
+        self.exploration = _explore(case, self.model, self.restores, progress.reference, progress.first_run,
+                                    PROFILES[name], self.max_restores)
+        return replace(progress, restart=self.exploration.reported.restart)
+
+    def probe(self, progress: Progress) -> Progress:
+        reported = _with_availability(self.case, self.model, self.restores, progress.reference, progress.first_run,
+                                      self.exploration.reported)
+        self.exploration = replace(self.exploration, reported=reported)
+        return progress
+
+    def teardown(self) -> None:
         try:
-            exploration = _explore(case, model, restores, reference, first_run, PROFILES[name], self.max_restores)
-            reported = _with_availability(case, model, restores, reference, first_run, exploration.reported)
+            if self.restores is not None:
+                self.restores.close()
         finally:
-            restores.close()
+            super().teardown()
+
+    def judge(self, progress: Progress) -> CaseResult:
+        exploration, model, step = self.exploration, self.model, self.case.fault.trigger.step
+        reported = exploration.reported
         heading = ("crash state with this verdict (the first enumerated, or the smallest Hypothesis shrank to):"
                    if exploration.failing else "worst crash state found:")
         notes = tuple(note for note in (model.order_note, exploration.canary_note) if note)
         verdict = replace(reported.verdict, findings=(exploration.summary(step),) + notes + (heading,) + tuple(
             f"  {line}" for line in reported.description) + reported.verdict.findings)
-        (work_dir / "exploration.json").write_text(json.dumps(_report(exploration), indent=1))
-        return CaseResult(case=case, verdict=verdict,
-                          phases=(reference, _as_of(first_run, reported.point, model), reported.restart),
-                          work_dir=work_dir, sampled=exploration.enumerated is None)
+        (self.work_dir / "exploration.json").write_text(json.dumps(report(exploration), indent=1))
+        return CaseResult(case=self.case, verdict=verdict,
+                          phases=(progress.reference, _as_of(progress.first_run, reported.point, model),
+                                  reported.restart),
+                          work_dir=self.work_dir, sampled=exploration.enumerated is None)
 
 
 def _explore(case: Case, model: CrashModel, restores: CrashRestores, reference, first_run, profile: Profile,
@@ -283,17 +254,3 @@ def check_fidelity(model: CrashModel, checkpoint_dir: Path) -> None:
     raise HarnessError("the IO trace does not rebuild the checkpoint directory (something wrote past the "
                        f"interception layer: os.write on a raw descriptor, another process); differing: "
                        f"{', '.join(differing[:10])}")
-
-
-def _report(exploration: Exploration) -> dict:
-    def state(s: StateResult) -> dict:
-        return {"digest": s.digest, "verdict": s.verdict.kind.value, "point": asdict(s.point),
-                "description": list(s.description), "findings": list(s.verdict.findings)}
-
-    return {"time": time.time(), "swept": exploration.swept, "draws": exploration.draws,
-            "restores": exploration.restores, "enumerated": exploration.enumerated,
-            "too_large": exploration.too_large, "restored_in": exploration.restored_in,
-            "canaries": exploration.canaries, "canary_note": exploration.canary_note,
-            "counts": exploration.counts(),
-            "failing": exploration.failing, "reported": state(exploration.reported),
-            "states": [state(s) for s in exploration.states]}

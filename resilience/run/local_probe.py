@@ -10,15 +10,13 @@ from ..core.plan import CONTINUATION, FALLBACK, PhasePlan, Start
 from ..core.records import PhaseResult
 from ..launch.backend import backend_for_launch
 from . import availability
-from .harness import Harness
+from .supervisor import run_local_phase
 
 
 def probe_in_local_ranks(case: Case, case_file: Path, checkpoint_dir: Path, work_dir: Path,
                          phases: list[PhaseResult]) -> tuple[int | None, tuple[PhaseResult, ...]]:
     """``phases``: the job's reference, first run and restart. The newest intact older step (None:
     none, or not probed) and the probe phases, each in ``work_dir/fallback_step_<N>``."""
-    harness = Harness()  # for every probe
-
     def run_step(step: int) -> PhaseResult:
         phase_dir = work_dir / f"{FALLBACK}_step_{step}"
         plan = PhasePlan(name=FALLBACK, case_file=str(case_file), world_size=case.restart.world_size,
@@ -26,7 +24,7 @@ def probe_in_local_ranks(case: Case, case_file: Path, checkpoint_dir: Path, work
                          phase_dir=str(phase_dir), start=Start.STEP, save=False, inject=False, record_states=False,
                          snapshot_dir=None, snapshot_step=step, rank_map=case.restart.rank_map,
                          collective_timeout_s=case.timeouts.collective_s)
-        return harness.run_phase(plan, case, backend=backend_for_launch(case, 1))
+        return run_local_phase(plan, case, backend=backend_for_launch(case, 1))
 
     reference, first_run, restart = phases[:3]
     return availability.probe(case, first_run, restart, reference, run_step)
@@ -43,4 +41,4 @@ def continue_in_local_ranks(case: Case, case_file: Path, checkpoint_dir: Path, w
                      start=Start.SNAPSHOT, save=False, inject=False, record_states=False, snapshot_dir=str(snapshots),
                      snapshot_step=step, rank_map=tuple(range(case.restart.world_size)),
                      collective_timeout_s=case.timeouts.collective_s, topology=case.restart.placement.as_dict())
-    return Harness().run_phase(plan, case)
+    return run_local_phase(plan, case)

@@ -31,7 +31,8 @@ from ..oracle.blackbox import RankLog, judge_logs
 from ..oracle.envelope import Envelope
 from ..oracle.rules import SEVERITY
 from .blackbox_records import BlackBoxResult
-from .explore import PROFILE_VARIABLE, check_fidelity
+from .explore import check_fidelity
+from .explore_records import PROFILE_VARIABLE
 
 SCRIPT_RESTORES = {"ci": 10, "long": 200}  # restarts of the script per power_loss case
 #: restore(files, dirs, label) -> the restart's logs and the part that hung (None: none)

@@ -9,13 +9,16 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
+from ..core import registry
+from ..core.case import Case
 from ..core.janitor import signal_process
 from ..core.plan import PhasePlan
 from ..core.records import PhaseResult, PhaseStatus
 from ..core.waiting import wait_until
-from ..launch.backend import RankProcess, is_stopped
-from ..oracle.evidence import collect_phase, where_waiting
+from ..launch.backend import BACKENDS, DEFAULT_BACKEND, ProcessBackend, RankProcess, backend_for_case, is_stopped
+from ..oracle.evidence import collect_phase, follow_phase_events, where_waiting
 
 POLL_S = 0.02
 STACK_DUMP_WAIT_S = 1.0
@@ -166,6 +169,23 @@ def collect(plan: PhasePlan, end: GroupEnd) -> PhaseResult:
             where_waiting(record, record.rank in end.stopped) for record in result.ranks
             if record.returncode is None))
     return result
+
+
+def run_local_phase(plan: PhasePlan, case: Case, supervisor=None, backend: ProcessBackend | None = None,
+                    default: ProcessBackend | None = None) -> PhaseResult:
+    """Start one phase's ranks on this machine (with ``backend``, else the case's software's, else
+    ``default``, else a fresh default backend), supervise them to the end (``supervisor``: a fault
+    that acts from outside the ranks while they run) and collect them."""
+    phase_dir = Path(plan.phase_dir)
+    phase_dir.mkdir(parents=True)
+    plan_path = phase_dir / "plan.json"
+    plan.write(plan_path)
+    expired = deadline_after(case.timeouts.phase_s)
+    chosen = backend or backend_for_case(case) or default or BACKENDS[DEFAULT_BACKEND]()
+    group = LocalRanks(chosen.start(plan, plan_path), registry.resolve("strategy", case.strategy.name).failure_grace_s)
+    events = follow_phase_events(plan)
+    watch = (lambda: supervisor.supervise(events(), group.ranks)) if supervisor is not None else None
+    return collect(plan, supervise(group, expired, watch))
 
 
 def _grace(group: RankGroup) -> list[int | None]:

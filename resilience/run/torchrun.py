@@ -29,7 +29,7 @@ from ..core import janitor, registry
 from ..core.case import Case
 from ..core.elastic_layout import LAUNCH_ENV, Incarnation, TorchrunLayout
 from ..core.events import Event, EventFollower, read_events, tail
-from ..core.plan import FIRST_RUN, REFERENCE, RESTART, PhasePlan, Start
+from ..core.plan import FIRST_RUN, REFERENCE, RESTART
 from ..core.records import CaseResult, PhaseResult, PhaseStatus
 from ..core.topology import NODE_LOCAL
 from ..errors import HarnessError, StrategyUnavailable, TorchrunIncompatible
@@ -38,6 +38,7 @@ from ..launch.backend import rank_environment
 from ..launch.torchrun_command import STARTUP_S, TorchrunOptions, incompatibility, torchrun_command
 from ..oracle.evidence import collect_phase, launcher_error, stderr_tails, where_waiting
 from .agent_launch import AgentLaunch
+from .case_sequence import CaseSequence, Progress, Step
 from .elastic_grow import is_grown, judge_job, superseded
 from .local_probe import continue_in_local_ranks, probe_in_local_ranks
 from .supervisor import supervise
@@ -81,38 +82,84 @@ class _Hang:
     stopped: frozenset[int]
 
 
-class _Driver:
+class _Driver(CaseSequence):
+    """The case's steps under torchrun (`run.case_sequence`): the job's launches run the reference,
+    the first run and the restarts in one go; the steps after read what its ranks wrote."""
+
+    skips = frozenset({
+        Step.REFERENCE,  # the job's first incarnation runs it: read with the first run
+        Step.CHECK_SAVES,  # the agent restarts at once: there is no moment between the runs for it
+        Step.HEAL,  # the same: the restart follows the failure inside torchrun
+    })
+
     def __init__(self, case: Case, layout: TorchrunLayout, options: TorchrunOptions):
-        self.case, self.layout, self.options = case, layout, options
+        self.layout, self.options = layout, options
         self._launches: list[int] = []
+        self._hung: _Hang | None = None
+        fault = registry.resolve("fault", case.fault.kind)(case.fault)
+        super().__init__(case, fault, CaseEnvironment(case=case, case_dir=layout.case_dir,
+                                                      checkpoint_dir=layout.checkpoint_dir))
 
     def run(self) -> CaseResult:
-        self._prepare()
-        fault = registry.resolve("fault", self.case.fault.kind)(self.case.fault)
-        env = CaseEnvironment(case=self.case, case_dir=self.layout.case_dir, checkpoint_dir=self.layout.checkpoint_dir)
-        hang = None
-        try:
-            fault.setup(env)
-            for launch in (0, 1):
-                self._launches.append(launch)
-                hang = self._launch(launch, fault if fault.node_scoped else None)
-                if hang or not self._needs_resume():
-                    break
-            phases = self._phases(hang)
-            intact, probes = (probe_in_local_ranks(self.case, self.layout.case_file, self.layout.checkpoint_dir,
-                                                   self._driver_dir(), phases)
-                              if self._sees_every_file() else (None, ()))
-            continuation = self._continuation(phases[2])
-            found = fault.findings(env, tuple(phases + continuation))
-            noted = fault.notes(env, tuple(phases + continuation))  # what this node's driver saw it do
-        finally:
-            fault.teardown(env)
-        verdict = judge_job(self.case, phases, continuation, found, intact, noted)
-        return CaseResult(case=self.case, verdict=verdict, phases=tuple(phases + continuation) + probes,
-                          work_dir=self.layout.case_dir)
+        self._prepare()  # before the fault's setup: a directory of an earlier run is refused untouched
+        return super().run()
 
-    def _snapshots(self) -> Path:
-        return self.layout.case_dir / "snapshots"
+    def first_run(self, progress: Progress) -> Progress:
+        """The job's launches (a second one where the first ended without a restore), then the
+        reference and the first run as its ranks recorded them."""
+        for launch in (0, 1):
+            self._launches.append(launch)
+            self._hung = self._launch(launch, self.fault if self.fault.node_scoped else None)
+            if self._hung or not self._needs_resume():
+                break
+        first = Incarnation(0, 0)
+        reference = self._phase(first, REFERENCE, self._hung)
+        if reference.status != PhaseStatus.COMPLETED:
+            detail = reference.first_error.summary() if reference.first_error else reference.status
+            raise HarnessError(f"the uninterrupted reference run did not complete under torchrun ({detail})\n"
+                               + stderr_tails(reference)
+                               + f"\n--- torchrun ---\n{tail(self.layout.torchrun_log(0, self.options.local_addr))}")
+        return replace(progress, reference=reference, first_run=self._phase(first, FIRST_RUN, self._hung))
+
+    def restart(self, progress: Progress) -> Progress:
+        """The first restore (judged), then the later attempts; before it, any group superseded by a grow."""
+        judged = self._first_restart()
+        later = sorted((i for i in self.layout.incarnations() if not i.is_first), key=lambda i: i != judged)
+        if later:
+            restarts = [self._phase(i, RESTART, self._hung) for i in later]
+            return replace(progress, restart=restarts[0], later=tuple(restarts[1:]))
+        # the first run hung, or torchrun gave up (its store's host lost): nothing restarted
+        log = self.layout.torchrun_log(max(self._launches, default=0), self.options.local_addr)
+        return replace(progress, restart=PhaseResult(
+            name=RESTART, world_size=self.case.restart.world_size, status=PhaseStatus.NOT_STARTED, ranks=(),
+            fault_events=(), elapsed_s=0.0, first_error=None if self._hung else
+            launcher_error(log.read_text(errors="replace") if log.exists() else "", RESTART)))
+
+    def oracles(self, progress: Progress) -> Progress:
+        """The oracle's continuation on the restart's topology (an elastic restart at another size)."""
+        restored = progress.restart.restored()
+        if not self.case.topology_changes or 0 not in restored or is_grown(self.case, progress.restart):
+            return progress
+        step = restored[0]["step"]
+        if not (self.layout.snapshots_dir / f"step_{step}").is_dir():
+            return progress
+        return replace(progress, continuation=continue_in_local_ranks(
+            self.case, self.layout.case_file, self.layout.checkpoint_dir, self._driver_dir(), self.layout.snapshots_dir,
+            step))
+
+    def probe(self, progress: Progress) -> Progress:
+        if not self._sees_every_file():
+            return progress
+        intact, probes = probe_in_local_ranks(self.case, self.layout.case_file, self.layout.checkpoint_dir,
+                                              self._driver_dir(), list(progress.phases()))
+        return replace(progress, intact_step=intact, probes=probes)
+
+    def judge(self, progress: Progress) -> CaseResult:
+        phases = [progress.reference, progress.first_run, progress.restart, *progress.later]
+        continuation = [progress.continuation] if progress.continuation is not None else []
+        verdict = judge_job(self.case, phases, continuation, progress.findings, progress.intact_step, progress.notes)
+        return CaseResult(case=self.case, verdict=verdict, phases=tuple(phases + continuation) + progress.probes,
+                          work_dir=self.layout.case_dir)
 
     def _driver_dir(self) -> Path:
         directory = self.layout.driver_dir(self.options.local_addr)  # several drivers share the case directory
@@ -125,17 +172,6 @@ class _Driver:
         return self.options.nnodes == 1 or NODE_LOCAL not in (self.case.placement.storage,
                                                               self.case.restart.placement.storage)
 
-    def _continuation(self, restart: PhaseResult) -> list[PhaseResult]:
-        """The oracle's continuation on the restart's topology (an elastic restart at another size)."""
-        restored = restart.restored()
-        if not self.case.topology_changes or 0 not in restored or is_grown(self.case, restart):
-            return []
-        step = restored[0]["step"]
-        if not (self._snapshots() / f"step_{step}").is_dir():
-            return []
-        return [continue_in_local_ranks(self.case, self.layout.case_file, self.layout.checkpoint_dir,
-                                        self._driver_dir(), self._snapshots(), step)]
-
     # -- before the launch ------------------------------------------------------------------------
     def _prepare(self) -> None:
         layout, case = self.layout, self.case
@@ -145,27 +181,7 @@ class _Driver:
             # starts before every node's agent joined, so a node that prepares late still sees none)
             raise HarnessError(f"case directory {layout.case_dir} holds an earlier run's ranks "
                                f"({layout.incarnations()[0].name}); allowed: a new or empty directory")
-        for directory in (layout.checkpoint_dir, layout.temp_dir, layout.template(REFERENCE).parent):
-            directory.mkdir(parents=True, exist_ok=True)
-        case.write(layout.case_file)
-        size, later = case.workload.world_size, case.restart.world_size
-        common = dict(case_file=str(layout.case_file), store_path="", phase_dir="", snapshot_step=None,
-                      checkpoint_dir=str(layout.checkpoint_dir), collective_timeout_s=case.timeouts.collective_s)
-        first = dict(world_size=size, rank_map=tuple(range(size)), topology=case.placement.as_dict(), **common)
-        # node-local storage follows the topology; an elastic restart at another size is continued by the oracle
-        snapshots = str(self._snapshots()) if case.topology_changes else None
-        for plan in (PhasePlan(name=REFERENCE, start=Start.FRESH, save=False, inject=False, record_states=True,
-                               snapshot_dir=snapshots, **first),
-                     PhasePlan(name=FIRST_RUN, start=Start.FRESH, save=True, inject=True, record_states=False,
-                               snapshot_dir=None, **first),
-                     PhasePlan(name=RESTART, start=Start.STRATEGY, save=True, inject=False, record_states=False,
-                               snapshot_dir=None, world_size=later, rank_map=tuple(range(later)),
-                               topology=case.restart.placement.as_dict(), **common)):
-            plan.write(layout.template(plan.name))
-        if case.topology_changes and self.options.min_nodes:  # a spare may grow the shrunk job back
-            grown = PhasePlan(name=RESTART, start=Start.STRATEGY, save=True, inject=False, record_states=False,
-                              snapshot_dir=None, **first)
-            grown.write(layout.template(RESTART, size))
+        layout.write_plans(case, may_grow=bool(self.options.min_nodes))  # a spare may grow a shrunk job back
 
     def _environment(self, launch: int) -> dict[str, str]:
         env = rank_environment()
@@ -228,27 +244,6 @@ class _Driver:
         return all(incarnation.is_first for incarnation in incarnations)
 
     # -- after it ended ---------------------------------------------------------------------------
-    def _phases(self, hang: _Hang | None) -> list[PhaseResult]:
-        first = Incarnation(0, 0)
-        reference = self._phase(first, REFERENCE, hang)
-        if reference.status != PhaseStatus.COMPLETED:
-            detail = reference.first_error.summary() if reference.first_error else reference.status
-            raise HarnessError(f"the uninterrupted reference run did not complete under torchrun ({detail})\n"
-                               + stderr_tails(reference)
-                               + f"\n--- torchrun ---\n{tail(self.layout.torchrun_log(0, self.options.local_addr))}")
-        phases = [reference, self._phase(first, FIRST_RUN, hang)]
-        judged = self._first_restart()  # the first restore; before it, any group superseded by a grow
-        later = sorted((i for i in self.layout.incarnations() if not i.is_first), key=lambda i: i != judged)
-        if later:
-            phases += [self._phase(i, RESTART, hang) for i in later]
-        else:  # the first run hung, or torchrun gave up (its store's host lost): nothing restarted
-            log = self.layout.torchrun_log(max(self._launches, default=0), self.options.local_addr)
-            phases.append(PhaseResult(name=RESTART, world_size=self.case.restart.world_size,
-                                      status=PhaseStatus.NOT_STARTED, ranks=(), fault_events=(), elapsed_s=0.0,
-                                      first_error=None if hang else
-                                      launcher_error(log.read_text(errors="replace") if log.exists() else "", RESTART)))
-        return phases
-
     def _phase(self, incarnation: Incarnation, name: str, hang: _Hang | None) -> PhaseResult:
         plan = self.layout.plan(incarnation, name)
         codes = [self._exit_status(incarnation, name, rank) for rank in range(plan.world_size)]
