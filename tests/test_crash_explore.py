@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -421,3 +423,83 @@ def test_a_mkdir_that_lost_the_race_for_the_directory_is_traced_too(tmp_path):
     finally:
         hooks.uninstall()
     assert seen == [("mkdir", "step_00000008")] * 3
+
+
+def test_the_reduction_never_merges_two_states_a_planted_bug_tells_apart(tmp_path):
+    """Every distinct crash state of a planted bug's save (its pointer durable before its shards:
+    SILENT, LOUD and RECOVERED states), judged once with the reduction (states that answer every
+    look of a restore alike share its restart) and once restoring each for real: the same verdict,
+    state by state."""
+    case = case_from(strategy="tests.strategies_under_test:PointerBeforeDurableShards", expect="fails_loudly",
+                     workload={"steps": 12}, fault={"kind": "power_loss", "step": SAVE}, timeouts={"phase": 60})
+    reports = {}
+    for reduce in (True, False):
+        result = Harness(work_root=tmp_path / str(reduce), keep=True, explore_restores=400,
+                         explore_reduce=reduce).run(case)
+        reports[reduce] = json.loads((result.work_dir / "exploration.json").read_text())
+    reduced, full = reports[True], reports[False]
+    assert reduced["enumerated"] == full["enumerated"] == full["restores"], (reduced["too_large"], full["too_large"])
+    assert reduced["stood_in"] > 0 and full["stood_in"] == 0
+    by_state = {(s["digest"], json.dumps(s["point"]["cuts"])): s["verdict"] for s in full["states"]}
+    merged = {(s["digest"], json.dumps(s["point"]["cuts"])): s["verdict"] for s in reduced["states"]}
+    assert merged == by_state
+    assert len(set(by_state.values())) == 3  # the verdicts it tells apart
+    assert not reduced["canary_note"]
+
+
+def test_a_restore_reports_each_look_under_its_checkpoint_directory_and_how(tmp_path):
+    """In a process of its own (an audit hook stays for the process's life): each kind of look,
+    and nothing outside the directory."""
+    script = f"""
+import json, os, shutil, sys
+from resilience.rank.working_dir import observe_paths
+root = {str(tmp_path / "ckpt")!r}
+os.makedirs(root + "/step_4/inner"); open(root + "/step_4/a.pt", "wb").write(b"x" * 10)
+looks = []
+observe_paths(root, lambda kind, **fields: looks.append((fields["path"], fields["how"])))
+os.path.exists(root + "/latest")
+open(root + "/step_4/a.pt", "rb").read()
+open(root + "/step_8.tmp", "wb").close()
+os.listdir(root)
+list(os.scandir(root + "/step_4"))
+os.stat(root + "/step_4/a.pt").st_size
+os.stat(root + "/step_4").st_mode
+os.rename(root + "/step_8.tmp", root + "/step_8")
+shutil.rmtree(root + "/step_4/inner")
+os.path.exists({str(tmp_path)!r})
+observe_paths(None, None)
+os.path.exists(root + "/after")
+print(json.dumps(sorted(set(looks))), os.stat is observe_paths.__globals__["_UNAUDITED"]["stat"])
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    looks, restored = done.stdout.rsplit(" ", 1)
+    seen = {tuple(look) for look in json.loads(looks)}
+    assert seen >= {("latest", "kind"), ("step_4/a.pt", "read"), ("step_8.tmp", "kind"), (".", "list"),
+                    ("step_4", "scan"), ("step_4/a.pt", "stat"), ("step_4", "kind"), ("step_8.tmp", "change"),
+                    ("step_8", "change"), ("step_4/inner", "tree")}, seen
+    assert ("step_4", "stat") not in seen  # st_mode only: its kind
+    assert not {path for path, _ in seen if path.startswith("..") or path == "after"}, seen
+    assert restored.strip() == "True"  # os.stat is Python's own again
+
+
+def test_states_that_answer_every_look_alike_are_one_and_the_others_are_not():
+    from resilience.disk.observed import Observed, TreeIndex
+
+    looks = Observed.of([("latest", "read"), ("step_4/a.pt", "read"), ("step_8/a.pt", "stat"), ("step_4", "list"),
+                         ("zero_to_fp32.py", "kind")])
+    base = {"latest": b"step_4", "step_4/a.pt": b"aaaa", "step_8/a.pt": b"bbbb", "zero_to_fp32.py": b"script"}
+    dirs = {".", "step_4", "step_8"}
+
+    def answers(changed: dict[str, bytes | None] | None = None) -> tuple:
+        files = {**base, **(changed or {})}
+        return looks.answers(TreeIndex.of({path: data for path, data in files.items() if data is not None}, dirs))
+
+    same = answers()
+    assert answers({"zero_to_fp32.py": b"torn"}) == same  # its kind only: still a file
+    assert answers({"step_8/a.pt": b"zzzz"}) == same  # looked at for its size only: the same size
+    assert answers({"step_8/a.pt": b"bb"}) != same  # torn: another size
+    assert answers({"step_4/a.pt": b"aaab"}) != same  # read: its bytes
+    assert answers({"latest": b"step_8"}) != same
+    assert answers({"zero_to_fp32.py": None}) != same  # gone
+    assert answers({"step_4/b.pt": b"new"}) != same  # a name in a listed directory

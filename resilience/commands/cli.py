@@ -74,6 +74,9 @@ def _main(argv: list[str] | None) -> int:
                          help="how much to explore (default: the scenario's fault.profile)")
     explore.add_argument("--max-restores", type=int, default=None,
                          help="distinct crash states restored by real ranks, at most")
+    explore.add_argument("--no-reduce", action="store_true",
+                         help="restore every distinct crash state for real, none judged with the restart of a "
+                              "state its restore cannot tell apart (docs/exploration.md)")
     from . import catalog, qualify
     from . import verify as verify_cli
     qualify.add_arguments(sub.add_parser("qualify", help="run a scenario set and write a qualification report",
@@ -121,7 +124,8 @@ def _main(argv: list[str] | None) -> int:
     cache = None if args.no_cache else ReferenceCache(args.cache or default_cache_dir())
     harness = Harness(backend=BACKENDS[args.backend](), work_root=args.workdir, keep=args.keep, cache=cache,
                       explore_profile=getattr(args, "profile", None),
-                      explore_restores=getattr(args, "max_restores", None))
+                      explore_restores=getattr(args, "max_restores", None),
+                      explore_reduce=not getattr(args, "no_reduce", False))
     if args.command == "planted":
         return planted.main(args, harness)
     if args.command == "audit":

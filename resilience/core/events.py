@@ -37,6 +37,7 @@ class Event(WireName):
     FILE_WRITTEN = "file_written"  # a file closed under the checkpoint directory
     FILE_READ = "file_read"  # a file a restarted script rank opened before its first backward
     FOREIGN_READ = "foreign_read"  # a rank read another node's local disk
+    PATH_OBSERVED = "path_observed"  # a path under the checkpoint directory a restoring rank looked at
     CONTRACT_VIOLATION = "contract_violation"  # a script's log contract line that breaks its rules
     FAULT_WAITING = "fault_waiting"  # an armed fault waits for its moment (the harness acts then)
     FAULT_FIRED = "fault_fired"

@@ -60,6 +60,8 @@ class PhasePlan:
     # reported (a ``verified`` event), no training: saves checked where they were made
     verify_steps: tuple[int, ...] = ()
     node_agents: str | None = None  # the root of the case's node agents (`resilience.core.node_agents`)
+    # every path under checkpoint_dir the ranks look at, reported (the explorer's reduction)
+    observe_paths: bool = False
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=1))

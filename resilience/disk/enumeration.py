@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .crash_states import BLOCK, CrashModel, CrashPoint, Loss
-from .state_tree import state_hash
+from .observed import TreeIndex
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class DistinctState:
 
     digest: str
     points: tuple[CrashPoint, ...]
+    index: TreeIndex  # the state as a reader meets it (the explorer's reduction)
 
 
 @dataclass(frozen=True)
@@ -109,16 +110,18 @@ def distinct_states(model: CrashModel, limit: int, bounds: Bounds = Bounds()) ->
         return Enumeration(states=(), points=total,
                            too_large=f"{total} crash points under the bounded model, over {bounds.max_points}")
     seen: dict[str, dict[frozenset[int], CrashPoint]] = {}
-    for index, point in enumerate(points(model, bounds)):
-        digest = state_hash(*model.disk(point))
+    indexes: dict[str, TreeIndex] = {}
+    for count, point in enumerate(points(model, bounds)):
+        index = TreeIndex.of(*model.disk(point))
+        digest = index.digest()
         if digest not in seen:
             if len(seen) == limit:
                 return Enumeration(states=(), points=total, too_large=(
-                    f"more than {limit} distinct disk states (the first {limit + 1} within {index + 1} of "
+                    f"more than {limit} distinct disk states (the first {limit + 1} within {count + 1} of "
                     f"its {total} crash points)"))
-            seen[digest] = {}
+            seen[digest], indexes[digest] = {}, index
         seen[digest].setdefault(model.returned(point), point)
-    return Enumeration(states=tuple(DistinctState(digest, tuple(by_returned.values()))
+    return Enumeration(states=tuple(DistinctState(digest, tuple(by_returned.values()), indexes[digest])
                                     for digest, by_returned in seen.items()), points=total)
 
 

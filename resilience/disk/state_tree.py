@@ -2,10 +2,11 @@
 hashed so that identical states are restored once, removed."""
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
+
+from .observed import TreeIndex
 
 
 def materialise(files: dict[str, bytes], dirs: set[str], target: Path) -> None:
@@ -21,12 +22,7 @@ def materialise(files: dict[str, bytes], dirs: set[str], target: Path) -> None:
 
 def state_hash(files: dict[str, bytes], dirs: set[str]) -> str:
     """Identical disk states have the same hash: each is restored once."""
-    digest = hashlib.sha256()
-    for path in sorted(files):
-        digest.update(f"f {path} {hashlib.sha256(files[path]).hexdigest()}\n".encode())
-    for directory in sorted(dirs):
-        digest.update(f"d {directory}\n".encode())
-    return digest.hexdigest()
+    return TreeIndex.of(files, dirs).digest()
 
 
 def read_tree(root: Path) -> tuple[dict[str, bytes], set[str]]:

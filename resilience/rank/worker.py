@@ -33,7 +33,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
     from ..strategies.base import StrategyContext
     from .fault_arming import arm_in_rank
     from .step_loop import HarnessObserver, load_reporting_tier, train_with_harness_loop
-    from .working_dir import enter_working_dir, watch_foreign_reads
+    from .working_dir import enter_working_dir, observe_paths, watch_foreign_reads
 
     torch.set_num_threads(1)  # reductions over several threads change the bits of a sum
     use_private_temp_dir()
@@ -44,6 +44,7 @@ def run(plan: PhasePlan, rank: int, events: EventLog, store: Any = None) -> None
     case = Case.read(Path(plan.case_file))
     enter_working_dir(Path(plan.phase_dir))  # relative paths land in this phase's own directory
     watch_foreign_reads(plan.foreign_roots, events.emit)
+    observe_paths(plan.checkpoint_dir if plan.observe_paths else None, events.emit)
     topology = plan.placement()
     checkpoint_dir = topology.storage_dir(Path(plan.checkpoint_dir), rank)  # node-local storage: its node's
     checkpoint_dir.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,18 @@ def enter_working_dir(phase_dir: Path) -> Path:
     return work
 
 
+# audit events whose path arguments a restore's outcome may depend on (`observe_paths`), and on
+# what of each: its bytes (read), its kind (kind: file, directory or none), its kind and size
+# (stat), its bytes or entries (change), its entries' names (list), names and entries (scan), or
+# everything under it (tree); one entry per path argument
+OBSERVED_HOW = {"os.listdir": ("list",), "os.scandir": ("scan",), "os.rename": ("change", "change"),
+                "os.remove": ("kind",), "os.rmdir": ("change",), "os.mkdir": ("kind",), "shutil.rmtree": ("tree",),
+                "os.truncate": ("kind",), "os.link": ("read", "kind"), "os.symlink": ("kind", "kind"),
+                "shutil.copyfile": ("read", "kind"), "os.chmod": ("kind",), "os.utime": ("kind",)}
+_REPLACING = os.O_TRUNC | os.O_EXCL  # an open that reads nothing of what was there: its kind only
+_UNAUDITED = {name: getattr(os, name) for name in ("stat", "lstat", "access")}  # as Python started them
+
+
 class _Watch:
     """The one audit hook of this process (a hook cannot be removed: a warm rank that restores
     many times points it at each restore's roots and events in turn)."""
@@ -35,10 +47,15 @@ class _Watch:
     prefixes: tuple[str, ...] = ()
     emit: Callable[..., None] | None = None
     seen: set[str] = set()
+    observed_root: str | None = None  # `observe_paths`: the checkpoint directory
+    observe: Callable[..., None] | None = None
+    observed: set[tuple[str, str]] = set()
     installed = False
 
     @classmethod
     def hook(cls, event: str, args: tuple[Any, ...]) -> None:
+        if cls.observed_root is not None and (event == "open" or event in OBSERVED_HOW) and args:
+            cls._observe(event, args)
         if not cls.prefixes or event not in ("open", "os.listdir", "os.scandir") or not args:
             return
         try:
@@ -53,6 +70,112 @@ class _Watch:
         except Exception:  # noqa: BLE001 -- a hook that raises would fail the open it watches
             return
 
+    @classmethod
+    def _observe(cls, event: str, args: tuple[Any, ...]) -> None:
+        if event == "open":
+            mode, flags = (args + (None, 0))[1:3]
+            writes = bool(set(mode or "") & set("wx")) or bool((flags or 0) & _REPLACING)
+            hows = ("kind" if writes else "read",)
+        else:
+            hows = OBSERVED_HOW[event]
+        for target, how in zip(args, hows, strict=False):
+            if isinstance(target, (str, bytes, os.PathLike)):  # not a descriptor: seen when it was opened
+                cls.note(target, how)
+
+    @classmethod
+    def note(cls, target: Any, how: str) -> bool:
+        """Report the look once; whether ``target`` is under the observed root."""
+        try:
+            path = os.path.abspath(os.fsdecode(target))
+        except Exception:  # noqa: BLE001 -- not a path: nothing under the root
+            return False
+        root = cls.observed_root
+        if root is None or not (path == root or path.startswith(root + os.sep)):
+            return False
+        relative = os.path.relpath(path, root).replace(os.sep, "/")
+        if (relative, how) not in cls.observed:
+            cls.observed.add((relative, how))
+            cls.observe(Event.PATH_OBSERVED, path=relative, how=how)
+        return True
+
+
+def observe_paths(root: str | None, emit: Callable[..., None]) -> None:
+    """Emit ``path_observed`` (path relative to ``root``; how: `OBSERVED_HOW`, and read or kind for an open)
+    once per path this process opens, lists, stats, renames, removes or creates under ``root``
+    (None: stop): what a restore's outcome can depend on there, as far as Python sees it (the
+    explorer's reduction, `resilience.disk.observed`). ``os.stat``, ``os.lstat`` and ``os.access``
+    raise no audit event: they are wrapped while observing. Not seen: files native code opens
+    itself, and operations relative to a directory descriptor (Python's own ``rmtree`` uses them
+    inside the tree it names, which is observed whole)."""
+    _Watch.observed_root = os.path.abspath(root) if root is not None else None
+    _Watch.observe, _Watch.observed = emit, set()
+    if root is not None:
+        _install()
+    for name, real in _UNAUDITED.items():
+        setattr(os, name, real if root is None else _stat_observed(real, name))
+
+
+# the standard library's callers of os.stat that use only the kind of entry it finds: (function, module)
+KIND_ONLY_CALLERS = {("exists", "genericpath"), ("isfile", "genericpath"), ("isdir", "genericpath"),
+                     ("samefile", "genericpath"), ("lexists", "posixpath"), ("islink", "posixpath"),
+                     ("_stat", "shutil"), ("exists", "pathlib"), ("is_dir", "pathlib"), ("is_file", "pathlib"),
+                     ("is_symlink", "pathlib")}
+
+
+class _ObservedStat:
+    """An ``os.stat_result`` that notes which of its fields the caller reads: the type bits of
+    ``st_mode`` tell the kind of entry; every other field counts as the size's level (stat)."""
+
+    __slots__ = ("_real", "_path")
+
+    def __init__(self, real: os.stat_result, path: Any):
+        self._real, self._path = real, path
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("st_"):
+            _Watch.note(self._path, "kind" if name == "st_mode" else "stat")
+        return getattr(self._real, name)
+
+    def __getitem__(self, index: Any) -> Any:
+        _Watch.note(self._path, "stat")
+        return self._real[index]
+
+    def __iter__(self):
+        _Watch.note(self._path, "stat")
+        return iter(self._real)
+
+    def __len__(self) -> int:
+        return len(self._real)
+
+    def __eq__(self, other: Any) -> bool:
+        _Watch.note(self._path, "stat")
+        return self._real == (other._real if isinstance(other, _ObservedStat) else other)
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return repr(self._real)
+
+
+def _stat_observed(real: Callable[..., Any], name: str) -> Callable[..., Any]:
+    def observed(path, *args, **kwargs):
+        if isinstance(path, (str, bytes, os.PathLike)) and kwargs.get("dir_fd") is None and _Watch.note(path, "kind"):
+            caller = sys._getframe(1)
+            # noted: that it answered at all; its fields as they are read
+            if not any(frame is not None and (frame.f_code.co_name, frame.f_globals.get("__name__"))
+                       in KIND_ONLY_CALLERS for frame in (caller, caller.f_back)):
+                result = real(path, *args, **kwargs)
+                return result if name == "access" else _ObservedStat(result, path)
+        return real(path, *args, **kwargs)
+
+    return observed
+
+
+def _install() -> None:
+    if not _Watch.installed:
+        sys.addaudithook(_Watch.hook)
+        _Watch.installed = True
+
 
 def watch_foreign_reads(roots: tuple[str, ...], emit: Callable[..., None]) -> None:
     """Emit ``foreign_read`` (path, how) once per path this process opens or lists under one of
@@ -61,6 +184,5 @@ def watch_foreign_reads(roots: tuple[str, ...], emit: Callable[..., None]) -> No
     a path, json, pickle), not files native code opens itself (a Rust or C++ reader's own
     ``open(2)``)."""
     _Watch.prefixes, _Watch.emit, _Watch.seen = tuple(os.path.abspath(r) for r in roots), emit, set()
-    if _Watch.prefixes and not _Watch.installed:
-        sys.addaudithook(_Watch.hook)
-        _Watch.installed = True
+    if _Watch.prefixes:
+        _install()

@@ -59,7 +59,7 @@ class CrashRestores:
         plan = replace(self.plan.make(phase, case.restart.world_size, start, save=phase == RESTART,
                                       snapshot_step=step, rank_map=case.restart.rank_map,
                                       phase_dir=self.work_dir / "restores" / name),
-                       checkpoint_dir=str(state_dir))
+                       checkpoint_dir=str(state_dir), observe_paths=phase == RESTART)  # the reduction learns
         try:
             result = warm(plan)
             if result is not None and len({e["rank"] for e in result.events(Event.JOINED)}) < plan.world_size:

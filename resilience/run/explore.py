@@ -32,6 +32,7 @@ from ..core.events import Event
 from ..core.records import CaseResult, PhaseResult, PhaseStatus
 from ..disk.crash_states import CrashModel, CrashPoint
 from ..disk.enumeration import distinct_states
+from ..disk.observed import TreeIndex
 from ..disk.state_tree import read_tree, state_hash
 from ..errors import HarnessError
 from ..faults.write_path.power_loss import trace_dir
@@ -42,17 +43,21 @@ from . import availability
 from .case_sequence import Progress, Step
 from .crash_restores import CrashRestores
 from .explore_records import PROFILE_VARIABLE, PROFILES, Exploration, Profile, StateResult, report
+from .explore_reduction import Reduction
 from .explore_search import search
 from .local_case import LocalCase, PhaseRunner
 
 CANARY_EVERY = 10  # one warm-restored state in ten (the last one first) and the reported one: again in fresh ranks
+STAND_IN_CANARIES = 3  # besides the reported one, states judged with a stand-in's restart restored for real
 
 
 class Explorer(LocalCase):
     """Runs one power_loss case through the phase sequence (`run.case_sequence`): the reference and
     the first run as `LocalCase` takes them (the first run traced), the restart step restores every
     crash state, the probe checks the reported one's older checkpoints. ``warm_backend``: the
-    harness's, for warm ranks (None: fresh ranks only); ``keep``: keep each materialised crash state."""
+    harness's, for warm ranks (None: fresh ranks only); ``keep``: keep each materialised crash state;
+    ``reduce``: judge a state that answers every look of a restored one's restore alike with that
+    restore (`run.explore_reduction`)."""
 
     skips = frozenset({
         Step.CHECK_SAVES,  # every crash state's restore checks the saves
@@ -62,7 +67,7 @@ class Explorer(LocalCase):
 
     def __init__(self, case: Case, work_dir: Path, run_phase: PhaseRunner, cache, keep: bool = False,
                  profile: str | None = None, max_restores: int | None = None,
-                 warm_backend: ProcessBackend | None = None):
+                 warm_backend: ProcessBackend | None = None, reduce: bool = True):
         if case.topology_changes:
             raise HarnessError(f"{case.source}: a power_loss case restores at the world size it saved with "
                                f"(restart.world_size {case.restart.world_size} != {case.workload.world_size})")
@@ -72,6 +77,7 @@ class Explorer(LocalCase):
         self.profile_name = profile
         self.max_restores = max_restores
         self.warm_backend = warm_backend
+        self.reduce = reduce  # False: every distinct crash state restored by real ranks (no stand-ins)
         self.restores: CrashRestores | None = None
         self.model: CrashModel | None = None
         self.exploration: Exploration | None = None
@@ -95,7 +101,7 @@ class Explorer(LocalCase):
                                f"allowed: {', '.join(PROFILES)}")
         self.restores = CrashRestores(case, self.plan, self.work_dir, self.run_phase, self.warm_backend, self.keep)
         self.exploration = _explore(case, self.model, self.restores, progress.reference, progress.first_run,
-                                    PROFILES[name], self.max_restores)
+                                    PROFILES[name], self.max_restores, self.reduce)
         return replace(progress, restart=self.exploration.reported.restart)
 
     def probe(self, progress: Progress) -> Progress:
@@ -127,83 +133,121 @@ class Explorer(LocalCase):
 
 
 def _explore(case: Case, model: CrashModel, restores: CrashRestores, reference, first_run, profile: Profile,
-             max_restores: int | None) -> Exploration:
-    exploration = _explore_once(case, model, restores, reference, first_run, profile, max_restores)
-    if restores.pool is None:
-        return exploration
-    # Canaries: warm restores are claimed equal to fresh ones, not trusted to be
+             max_restores: int | None, reduce: bool = True) -> Exploration:
+    exploration = _explore_once(case, model, restores, reference, first_run, profile, max_restores,
+                                Reduction() if reduce else None)
+    # Canaries: warm restores are claimed equal to fresh ones, and a stand-in's restart equal to
+    # the state's own, not trusted to be; the warm claim first, as a stand-in may stand for a warm restore
     by_digest: dict[str, list[StateResult]] = {}
     for state in exploration.states:
         by_digest.setdefault(state.digest, []).append(state)
-    # the last restored (what most restores ran before) and every CANARY_EVERY-th before it
-    digests = list(by_digest)
-    chosen = [exploration.reported.digest] + [d for d in digests[::-1][::CANARY_EVERY]
-                                              if d != exploration.reported.digest]
-    fresh_restart = {}
-    for digest in chosen:
-        point = by_digest[digest][0].point
-        fresh_restart[digest] = restores.restore(*model.disk(point), digest, fresh=True)
+    reported = exploration.reported.digest
+    restored = [d for d in by_digest if not by_digest[d][0].stand_in]
+    stood = [d for d in by_digest if by_digest[d][0].stand_in]
+    chosen = []
+    if restores.pool is not None:  # the last restored (what most restores ran before) and every CANARY_EVERY-th
+        chosen += [reported] * (reported in restored) + [d for d in restored[::-1][::CANARY_EVERY] if d != reported]
+    chosen += [reported] * (reported in stood) + [d for d in stood[::CANARY_EVERY] if d != reported][
+        :STAND_IN_CANARIES]
+    fresh_restart: dict[str, PhaseResult] = {}
+
+    def disagreement(digest: str) -> tuple[StateResult, str] | None:
+        """The first state of ``digest`` whose fresh restore judges otherwise, and how."""
+        if digest not in fresh_restart:
+            fresh_restart[digest] = restores.restore(*model.disk(by_digest[digest][0].point), digest, fresh=True)
         for state in by_digest[digest]:
             fresh = judge(case, reference, _as_of(first_run, state.point, model), fresh_restart[digest])
             if fresh.kind != state.verdict.kind or fresh.restored_step != state.verdict.restored_step:
-                note = (f"warm ranks and fresh ranks disagreed on crash state {digest[:12]} (warm: "
-                        f"{state.verdict.kind.value} step {state.verdict.restored_step}, fresh: {fresh.kind.value} "
-                        f"step {fresh.restored_step}): {case.strategy.name} keeps state between restores in one "
-                        f"process, so every state was restored again by fresh ranks"
-                        + (f"; the warm restore's error: {state.restart.first_error.summary()[:300]}"
-                           if state.restart.first_error else ""))
-                restores.pool.close()
-                restores.pool = None
-                again = _explore_once(case, model, restores, reference, first_run, profile, max_restores)
-                return replace(again, canary_note=note)
-    reported = replace(exploration.reported, restart=fresh_restart[exploration.reported.digest])
-    return replace(exploration, reported=reported, canaries=len(chosen))
+                return state, (f"{state.verdict.kind.value} step {state.verdict.restored_step}, fresh: "
+                               f"{fresh.kind.value} step {fresh.restored_step}")
+        return None
+
+    for digest in chosen:
+        found = disagreement(digest)
+        if found is None:
+            continue
+        state, seen = found
+        if state.stand_in and (restores.pool is None or disagreement(state.stand_in) is None):
+            note = (f"crash state {digest[:12]} answered every look of the restore of {state.stand_in[:12]} "
+                    f"alike but restored otherwise (with that restore: {seen}): its restore depends on something "
+                    "the reduction does not see, so every state was explored again without it")
+            again = _explore_once(case, model, restores, reference, first_run, profile, max_restores, None)
+            return replace(again, canary_note=note)
+        note = (f"warm ranks and fresh ranks disagreed on crash state {(state.stand_in or digest)[:12]} (warm: "
+                f"{seen}): {case.strategy.name} keeps state between restores in one process, so every state was "
+                f"restored again by fresh ranks"
+                + (f"; the warm restore's error: {state.restart.first_error.summary()[:300]}"
+                   if state.restart.first_error else ""))
+        restores.pool.close()
+        restores.pool = None
+        return replace(_explore(case, model, restores, reference, first_run, profile, max_restores, reduce),
+                       canary_note=note)
+    if reported in fresh_restart:
+        exploration = replace(exploration, reported=replace(exploration.reported, restart=fresh_restart[reported]))
+    return replace(exploration, canaries=len(chosen))
 
 
 def _explore_once(case: Case, model: CrashModel, restores: CrashRestores, reference, first_run, profile: Profile,
-                  max_restores: int | None) -> Exploration:
+                  max_restores: int | None, reduction: Reduction | None) -> Exploration:
     budget = max_restores if max_restores is not None else profile.restores
     states_budget = max_restores if max_restores is not None else (
         profile.states if restores.pool is not None else profile.restores)
-    restarts: dict[str, PhaseResult] = {}  # disk state -> its restore
+    restarts: dict[str, PhaseResult] = {}  # disk state -> its restore (a stand-in's, with the reduction)
+    stand_ins = reduction.stand_ins if reduction is not None else {}
     judged: dict[tuple, StateResult] = {}  # (disk state, ranks whose save returned) -> result
     order: list[StateResult] = []
     failed = [False]
     expected = case.expect.verdict
 
-    def evaluate(point: CrashPoint, limit: int | None = None) -> StateResult | None:
+    def evaluate(point: CrashPoint, limit: int | None = None, index: TreeIndex | None = None) -> StateResult | None:
         """The state's result (restored once per distinct disk state), or None past the budget;
-        shrinking a failure gets half the budget again."""
-        files, dirs = model.disk(point)
-        digest = state_hash(files, dirs)
+        shrinking a failure gets half the budget again. ``index``: the state's, when known."""
+        disk = None if index is not None else model.disk(point)
+        index = index if index is not None else TreeIndex.of(*disk)
+        digest = index.digest()
         if digest not in restarts:
-            if limit is None and len(restarts) >= (budget + budget // 2 if failed[0] else budget):
-                return None
-            restarts[digest] = restores.restore(files, dirs, digest)
+            same = reduction.stand_in(index) if reduction is not None else None
+            if same is not None:
+                restarts[digest], stand_ins[digest] = restarts[same], same
+            else:
+                cap = limit if limit is not None else (budget + budget // 2 if failed[0] else budget)
+                if len(restarts) - len(stand_ins) >= cap:
+                    return None
+                restarts[digest] = restores.restore(*(disk or model.disk(point)), digest)
+                if reduction is not None:
+                    reduction.learn(index, digest, restarts[digest])
         # the same disk state is judged apart for each set of ranks whose save had returned
         key = (digest, model.returned(point))
         if key not in judged:
             verdict = judge(case, reference, _as_of(first_run, point, model), restarts[digest])
             judged[key] = StateResult(point=point, digest=digest, verdict=verdict, restart=restarts[digest],
-                                      description=tuple(model.describe(point)))
+                                      description=tuple(model.describe(point)), stand_in=stand_ins.get(digest))
             order.append(judged[key])
         return replace(judged[key], point=point, description=tuple(model.describe(point)))
 
     def worse(state: StateResult) -> bool:
         return SEVERITY[state.verdict.kind] > SEVERITY[expected]
 
-    enumeration = distinct_states(model, states_budget)
-    if enumeration.complete:
+    enumeration = distinct_states(model, states_budget if reduction is None else max(
+        states_budget, profile.reduced_states if max_restores is None else max_restores))
+    if enumeration.complete and reduction is not None:  # its restores count against the budget
+        covered = all(evaluate(point, limit=states_budget, index=distinct.index) is not None
+                      for distinct in enumeration.states for point in distinct.points)
+        if not covered:
+            enumeration = replace(enumeration, too_large=(
+                f"its {len(enumeration.states)} distinct disk states needed more than {states_budget} restores"))
+    elif enumeration.complete:
         for distinct in enumeration.states:
             for point in distinct.points:
-                evaluate(point, limit=len(enumeration.states))
+                evaluate(point, limit=len(enumeration.states), index=distinct.index)
+    if enumeration.complete:
         # the worst state, the newest step restored among equals, the first enumerated among those:
         # the same in every run whatever the interleaving of the ranks' writes
         reported = max(order, key=lambda s: (SEVERITY[s.verdict.kind], s.verdict.restored_step or -1,
                                              -order.index(s)))
         return Exploration(states=tuple(order), reported=reported, failing=worse(reported), draws=0, swept=0,
                            restores=len(restarts), enumerated=len(enumeration.states),
-                           restored_in=restores.describe())
+                           restored_in=restores.describe(), stood_in=len(stand_ins))
     # Every instant at which an op ends, twice: all volatile state reached the disk (what
     # killing every rank leaves), and none of it did. Cheap: many give the same disk state.
     swept = [state for state in map(evaluate, model.sweep()) if state is not None]
@@ -214,7 +258,7 @@ def _explore_once(case: Case, model: CrashModel, restores: CrashRestores, refere
     # The worst failure: Hypothesis's shrunk one, or else the earliest of the sweep's.
     failures = ([shrunk] if shrunk else []) + [state for state in swept if worse(state)]
     common = dict(states=tuple(order), draws=draws, swept=len(swept), restores=len(restarts),
-                  too_large=enumeration.too_large, restored_in=restores.describe())
+                  too_large=enumeration.too_large, restored_in=restores.describe(), stood_in=len(stand_ins))
     if failures:
         return Exploration(reported=max(failures, key=lambda state: SEVERITY[state.verdict.kind]), failing=True,
                            **common)

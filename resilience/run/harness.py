@@ -29,13 +29,15 @@ class Harness:
 
     def __init__(self, backend: ProcessBackend | None = None, work_root: Path | None = None, keep: bool = False,
                  cache: ReferenceCache | None = None, explore_profile: str | None = None,
-                 explore_restores: int | None = None, explore_warm: bool = True, object_store=None):
+                 explore_restores: int | None = None, explore_warm: bool = True, explore_reduce: bool = True,
+                 object_store=None):
         self.object_store = object_store
         self.backend = backend or BACKENDS[DEFAULT_BACKEND]()
         self.work_root, self.keep, self.cache = work_root, keep, cache
         # power_loss cases: the explorer's profile (ci, long) and cap on restores, overriding the scenario's
         self.explore_profile, self.explore_restores = explore_profile, explore_restores
         self.explore_warm = explore_warm  # False: every crash state restored by fresh ranks
+        self.explore_reduce = explore_reduce  # False: no state judged with another's restore (run.explore_reduction)
 
     def run(self, case: Case) -> CaseResult:
         missing = registry.resolve("strategy", case.strategy.name).missing_for(case.strategy.options)
@@ -53,7 +55,8 @@ class Harness:
         if registry.resolve("fault", case.fault.kind).explores:
             return Explorer(case, work_dir, self.run_phase, self.cache, self.keep, self.explore_profile,
                             self.explore_restores,
-                            warm_backend=(backend_for_case(case) or self.backend) if self.explore_warm else None).run()
+                            warm_backend=(backend_for_case(case) or self.backend) if self.explore_warm else None,
+                            reduce=self.explore_reduce).run()
         return LocalCase(case, work_dir, self.run_phase, self.cache, self.object_store).run()
 
     def run_phase(self, plan: PhasePlan, case: Case, supervisor=None,
