@@ -15,6 +15,8 @@
 (f) crash-state restores per second in warm ranks / in fresh forked ranks (the explorer's own
     restores of the torch.per_rank power-loss case, timed one by one); goal >= 10x
 (g) that power-loss case's wall time / (distinct states explored x one warm restore); goal <= 1.5
+(h) a black-box case of examples/train_ddp.py (a kill, torchrun's restart) with its references
+    cached vs the faulted job's own torchrun launches in that case; goal <= 1.3
 plus peak memory of the harness and of the ranks, and harness memory / open files across many
 cases in one process (no growth means no leak).
 """
@@ -45,6 +47,7 @@ from resilience.scenario.loader import load_document, load_file  # noqa: E402
 NO_FAULT = ROOT / "scenarios" / "no_fault.scenario.yaml"
 DEEPSPEED = ROOT / "scenarios" / "deepspeed_no_fault.scenario.yaml"
 POWER_LOSS = ROOT / "scenarios" / "power_loss_torch.scenario.yaml"
+EXAMPLE_SCRIPT = ROOT / "examples" / "train_ddp.py"
 
 
 def timed(fn) -> float:
@@ -219,10 +222,33 @@ def print_deepspeed_ratio(harness: Harness, repeats: int) -> None:
           f"torchrun launch of the same DeepSpeed training: {ratio:.2f} (median of {repeats})", flush=True)
 
 
+def print_blackbox_ratio(repeats: int) -> None:
+    """(h): a black-box case of the example script (rank 1 killed at step 6, torchrun restarts the
+    group), its references cached, against the faulted job's own torchrun launches in that case."""
+    from resilience.core.directory_cache import DirectoryCache
+    from resilience.run.blackbox import BlackBoxJob, qualify_script
+
+    job = BlackBoxJob(script=EXAMPLE_SCRIPT, args=("--checkpoint-dir", "{checkpoint_dir}"))
+    fault = {"kind": "kill", "rank": 1, "step": 6}
+    with tempfile.TemporaryDirectory(prefix="resilience-bench-scripts-") as directory:
+        cache = DirectoryCache(Path(directory))
+        qualify_script(job, fault, cache=cache)  # the two uninterrupted references, cached
+        ratios, launches = [], []
+        for _ in range(repeats):
+            started = time.monotonic()
+            result = qualify_script(job, fault, cache=cache)
+            whole = time.monotonic() - started
+            launches.append(sum(seconds for _, seconds in result.job_launches_s))
+            ratios.append(whole / launches[-1])
+    print(f"(h) black-box case with its references cached / the faulted job's torchrun launches alone: "
+          f"{statistics.median(ratios):.2f} (goal <= 1.3; median of {repeats}; launches "
+          f"{statistics.median(launches):.1f} s, {len(result.job_launches_s)} per case)", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", choices=["d", "e", "f"], help="run one measurement only (f: also g)")
+    parser.add_argument("--only", choices=["d", "e", "f", "h"], help="run one measurement only (f: also g)")
     args = parser.parse_args()
     end_like_ctrl_c_on_sigterm()  # stopped by `timeout`: the cache and pymp-* directories still go
     repeats = 2 if args.quick else 4
@@ -240,6 +266,9 @@ def main() -> int:
         if args.only == "d":
             print_suite_ratio(Path(cache_dir))
             return 0
+        if args.only == "h":
+            print_blackbox_ratio(repeats)
+            return 0
         ratio_a, results = bench_case_vs_torchrun(fork, repeats)
         harness_peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before (b)'s 512 MiB
         print(f"(a) 2-rank no-fault case end to end / cold torchrun of the same training: {ratio_a:.2f} "
@@ -256,6 +285,7 @@ def main() -> int:
         bench_restores(cache)
 
         print_deepspeed_ratio(fork, repeats)
+        print_blackbox_ratio(repeats)
         rank_peaks = [e["peak_rss_kib"] for r in results for p in r.phases for rec in p.ranks
                       for e in rec.events if e["event"] == "done"]
         print(f"peak memory running cases: harness {harness_peak_mib:.0f} MiB, "

@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Mapping
 from contextlib import ExitStack
 from pathlib import Path
@@ -92,6 +93,7 @@ class _BlackBoxRun:
                  timeline: tuple[ScriptLaunch, ...] = ()):
         self.job, self.work_dir, self.cache, self.timeline = job, work_dir, cache, timeline
         self.fault = fault_document(fault)
+        self.job_launches_s: list[tuple[int, float]] = []  # the faulted job's torchrun launches, timed
         (work_dir / "tmp").mkdir()
         self.harness_side = registry.resolve("fault", fault.kind)(fault)
         resized = job.restart_nproc_per_node not in (None, job.nproc_per_node)
@@ -158,7 +160,8 @@ class _BlackBoxRun:
             self.harness_side.teardown(env)
         return BlackBoxResult(verdict=verdict, reference=tuple(reference), first_run=tuple(first),
                               restart=tuple(restart) if restart is not None else None,
-                              restart_incarnation=restart_incarnation, work_dir=self.work_dir)
+                              restart_incarnation=restart_incarnation, work_dir=self.work_dir,
+                              job_launches_s=tuple(self.job_launches_s))
 
     def _continuation(self, step: int, reference: list[RankLog]) -> list[RankLog]:
         """The rescaled restart's oracle from ``step`` (`run.script_continuation`), cached with the references."""
@@ -245,10 +248,13 @@ class _BlackBoxRun:
             commands.append(self.command(run_dir, args, restarts, launch, node, host))
             return commands[-1]
 
+        started = time.monotonic()
         with ExitStack() as stack:
             group = start_agents(self.job, run_dir, launch, command, env,
                                  lambda: run_dir.glob("launch*/rank*.events.jsonl"), stack)
             end = supervise(group, deadline_after(self.job.launch_timeout_s), watch)
+        if run_dir.name == "job":
+            self.job_launches_s.append((launch, time.monotonic() - started))
         # a node the fault took down took its agent, and node 0 the rendezvous: the others' rendezvous
         # errors are the fault's doing
         node_lost = self.harness_side.acts_in_its_node and any(

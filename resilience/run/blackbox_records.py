@@ -48,6 +48,8 @@ class BlackBoxResult:
     restart_incarnation: Incarnation | None
     work_dir: Path
     later: tuple[tuple[RankLog, ...], ...] = ()  # a timeline's launches after the restart
+    # each torchrun launch of the faulted job (not of the references): (launch, wall seconds)
+    job_launches_s: tuple[tuple[int, float], ...] = ()
 
     @property
     def fault_fired(self) -> bool:
