@@ -38,6 +38,8 @@ def test_the_example_script_killed_after_step_6_recovers_through_the_elastic_res
     assert result.restart_incarnation == Incarnation(launch=0, restart=1)
     assert [e["rank"] for log in result.first_run for e in log.fault_events] == [1]
     assert all(max(log.losses) == 12 for log in result.restart)  # it trained to the end, bitwise
+    # one timed launch of the job: torchrun restarted the group inside it (the references are not in it)
+    assert [launch for launch, _ in result.job_launches_s] == [0] and result.job_launches_s[0][1] > 0
 
 
 def test_the_example_script_that_forgets_its_optimizer_is_silent(tmp_path):
