@@ -61,6 +61,10 @@ class PhaseResult:
     def events(self, kind: str) -> list[dict]:
         return [e for record in self.ranks for e in record.events if e["event"] == kind]
 
+    def every_rank_joined(self) -> bool:
+        """Whether the phase's group formed: every rank reported ``joined``."""
+        return len({e["rank"] for e in self.events(Event.JOINED)}) >= self.world_size
+
     def losses(self, rank: int) -> dict[int, float]:
         return {e["step"]: e["loss"] for e in self.ranks[rank].events if e["event"] == Event.LOSS}
 

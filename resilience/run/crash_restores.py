@@ -10,7 +10,6 @@ from pathlib import Path
 
 from ..core import registry
 from ..core.case import Case
-from ..core.events import Event
 from ..core.plan import FALLBACK, RESTART, Start
 from ..core.records import PhaseResult
 from ..disk.state_tree import materialise, remove_tree
@@ -62,7 +61,7 @@ class CrashRestores:
                        checkpoint_dir=str(state_dir), observe_paths=phase == RESTART)  # the reduction learns
         try:
             result = warm(plan)
-            if result is not None and len({e["rank"] for e in result.events(Event.JOINED)}) < plan.world_size:
+            if result is not None and not result.every_rank_joined():
                 # the warm group never formed (a rendezvous that timed out on a loaded machine): no
                 # evidence about the strategy, which never ran; fresh ranks restore the state instead
                 self.regrouped += 1

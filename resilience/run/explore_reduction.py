@@ -25,7 +25,7 @@ class Reduction:
     def learn(self, index: TreeIndex, digest: str, restart: PhaseResult) -> None:
         """What the real restore of ``index`` looked at. A restore whose group never formed on every
         rank, or that looked at nothing, stands for no other state."""
-        if len({e["rank"] for e in restart.events(Event.JOINED)}) < restart.world_size:
+        if not restart.every_rank_joined():
             return
         looks = [(e["path"], e["how"]) for e in restart.events(Event.PATH_OBSERVED)]
         if looks:
