@@ -123,6 +123,33 @@ def test_a_truncating_rewrite_of_a_durable_file_can_leave_it_empty_or_old(tmp_pa
     assert disk(model, losses=(Loss("latest", "prefix", keep_bytes=7),)) == {"latest": b"global_"}
 
 
+def test_a_node_agents_persist_follows_the_ranks_and_only_its_return_makes_a_save_survive(tmp_path):
+    """DLRover's shape: the ranks' saves go to memory (no file op), node 0's agent persists every
+    fourth step in the background (stream ``world_size + 0``): a memory-only save never survives
+    the cut, and the explored save counts as returned only once the agent's persist returned."""
+    ranks, agent = [Recorder(tmp_path, 0), Recorder(tmp_path, 1)], Recorder(tmp_path, 2)
+    for step in (SAVE - 4, SAVE - 2, SAVE):
+        for rank in ranks:
+            rank(step, "returned")
+    write_file(agent, SAVE - 4, "4/rank_0.pt", b"four")
+    agent(SAVE - 4, "returned")
+    write_file(agent, SAVE, "8/rank_0.pt", b"eight")
+    write_file(agent, SAVE, "tracker", b"8", fsync=True)
+    agent(SAVE, "returned")
+    for recorder in (*ranks, agent):
+        recorder.close()
+    model = model_of(tmp_path, world_size=2)
+    assert model.op_counts == (1, 1, 8)
+    assert [op.kind for op in model.merged[:2]] == ["returned", "returned"]  # the ranks' ops first
+    assert model.survives(SAVE - 4) and not model.survives(SAVE - 2)  # step 6 was memory only
+    assert model.returned(CrashPoint(cuts=(1, 1, 7))) == frozenset()  # the agent had not returned
+    assert model.returned(CrashPoint(cuts=(1, 1, 8))) == {0, 1}
+    assert disk(model, cuts=(1, 1, 0)) == {"4/rank_0.pt": b"four"}
+    # the tracker fsynced, the shard not: the tracker names a step whose shard never reached the disk
+    assert disk(model, losses=(Loss("8/rank_0.pt", "drop"),))["tracker"] == b"8"
+    assert "node 0's agent lost power" in "\n".join(model.describe(CrashPoint(cuts=(1, 1, 4))))
+
+
 def test_the_power_cut_is_one_instant_for_every_rank(tmp_path):
     ranks = [Recorder(tmp_path, 0), Recorder(tmp_path, 1)]
     ranks[0](SAVE, "open", path="a", truncate=True)

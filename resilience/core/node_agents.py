@@ -16,7 +16,9 @@ The agent's protocol, with the files in its directory:
   - on SIGUSR2 (the node's workers succeeded; the job ends) it waits for its background work, then
     writes ``answered.N``;
   - on SIGTERM it releases what it holds and exits 0.
-The ranks find their node's agent through ``StrategyContext.node_agent_dir``.
+The ranks find their node's agent through ``StrategyContext.node_agent_dir``. An agent module reports
+each background save it makes (``persist(step, save)``): a fault armed in the agent hears when the
+save of a step began and when it returned (`listen_to_persists`).
 """
 from __future__ import annotations
 
@@ -34,6 +36,25 @@ NODE_ENV = "RESILIENCE_NODE_AGENT_NODE"  # the node it serves
 OPTIONS_ENV = "RESILIENCE_NODE_AGENT_OPTIONS"  # the strategy's options, as JSON
 READY = "ready"
 SHARED_MEMORY = Path("/dev/shm")
+
+
+_persist_listeners: list[Callable[[int, bool], None]] = []
+
+
+def listen_to_persists(listener: Callable[[int, bool], None]) -> None:
+    """In an agent: ``listener(step, False)`` as each background save of a step begins, and
+    ``listener(step, True)`` once it returned."""
+    _persist_listeners.append(listener)
+
+
+def persist(step: int, save: Callable[[], object]) -> object:
+    """In an agent: run ``save()``, its background save of ``step``, telling the listeners."""
+    for listener in _persist_listeners:
+        listener(step, False)
+    result = save()
+    for listener in _persist_listeners:
+        listener(step, True)
+    return result
 
 
 def agent_dir(root: Path, node: int) -> Path:

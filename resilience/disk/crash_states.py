@@ -17,7 +17,10 @@ The model, for a power cut somewhere inside the save of step S:
 - namespace operations (create, rename, unlink, mkdir, rmdir) persist in the order they happened,
   as a journaling filesystem commits them; a directory fsync commits every one before it; those
   after the last commit persist only as a prefix (``lost_metadata`` of them, from the end, are lost).
-  A file fsync does not persist the file's name: POSIX asks for a directory fsync for that.
+  A file fsync does not persist the file's name: POSIX asks for a directory fsync for that;
+- node agents that persist the save in the background (their traces follow the ranks': stream
+  ``world_size + node``) lose power at the same instant, and their memory with it: the save counts
+  as returned only where every agent's persist of it had returned too.
 """
 from __future__ import annotations
 
@@ -25,10 +28,12 @@ import itertools
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..errors import HarnessError
 from .interception import STAGING_PREFIX
 from .interleaving import canonical
-from .io_trace import TraceOp, payload_path, read_payload, read_trace
+from .io_trace import TraceOp, payload_path, read_payload, read_trace, trace_paths
 from .replay_fs import ReplayFilesystem
+from .state_tree import read_tree, state_hash
 
 BLOCK = 4096
 HOW = ("keep", "drop", "prefix", "zeros")  # simplest first: Hypothesis shrinks towards the front
@@ -66,19 +71,25 @@ class CrashModel:
     """The traced save of ``step`` and the durable state before it; builds crash states."""
 
     def __init__(self, trace_dir: Path, world_size: int, step: int):
-        self.step, self.trace_dir = step, trace_dir
+        self.step, self.trace_dir, self.world_size = step, trace_dir, world_size
         self.before: list[tuple[TraceOp, Path]] = []
         traced: list[list[TraceOp]] = []
         self.data_paths: list[Path] = []
-        for rank in range(world_size):
+        streams = world_size
+        while trace_paths(trace_dir, streams)[0].exists():  # the node agents' after the ranks'
+            streams += 1
+        for rank in range(streams):
             ops, data_path = read_trace(trace_dir, rank)
             self.data_paths.append(data_path)
             self.before.extend((op, data_path) for op in ops if op.step < step and op.kind != "sync")
             traced.append([op for op in ops if op.step == step])
         self.before.sort(key=lambda item: item[0].order)
+        persisted = [{op.step for op, _ in self.before if op.rank == agent and op.kind == "returned"}
+                     for agent in range(world_size, streams)]
+        self.persisted_before = set.intersection(*persisted) if persisted else None
         # per rank, the explored save's ops in that rank's order, placed in the one order of every run;
         # the earlier saves are all durable, so their instants only need to come first
-        self.ops, self.order_note = canonical(traced)
+        self.ops, self.order_note = canonical(traced[:world_size], traced[world_size:])
         self.before = [(replace(op, time_ns=index - len(self.before)), path)
                        for index, (op, path) in enumerate(self.before)]
         self.merged = sorted((op for ops in self.ops for op in ops), key=lambda op: op.order)
@@ -163,9 +174,22 @@ class CrashModel:
         return files, set(fs.durable_dirs)
 
     def returned(self, point: CrashPoint) -> frozenset[int]:
-        """The ranks whose ``save`` had returned before the power cut."""
-        return frozenset(rank for rank, (cut, ops) in enumerate(zip(point.cuts, self.ops, strict=False))
-                         if cut and ops[cut - 1].kind == "returned")
+        """The ranks whose ``save`` had returned before the power cut; none where a node agent's
+        persist of the save had not (the ranks' save was into memory the cut erased)."""
+        done = {stream for stream, (cut, ops) in enumerate(zip(point.cuts, self.ops, strict=False))
+                if cut and ops[cut - 1].kind == "returned"}
+        if any(agent not in done for agent in range(self.world_size, len(self.ops))):
+            return frozenset()
+        return frozenset(rank for rank in done if rank < self.world_size)
+
+    def survives(self, step: int) -> bool:
+        """Whether an earlier save, of ``step``, outlives the power cut: always, but where node agents
+        persist the saves, only one that every agent's persist had returned (the rest were memory)."""
+        return self.persisted_before is None or step in self.persisted_before
+
+    def stream_name(self, stream: int) -> str:
+        """A trace stream in words: a rank, or a node agent."""
+        return f"rank {stream}" if stream < self.world_size else f"node {stream - self.world_size}'s agent"
 
     def sweep(self) -> list[CrashPoint]:
         """At every boundary instant: nothing volatile lost (what killing every rank leaves), then
@@ -192,12 +216,12 @@ class CrashModel:
             else:
                 where = f"after op {cut} of {len(ops)} ({ops[cut - 1].describe()})"
             upcoming = f"; next would have been: {ops[cut].describe()}" if cut < len(ops) else ""
-            lines.append(f"rank {rank} lost power {where}{upcoming}")
+            lines.append(f"{self.stream_name(rank)} lost power {where}{upcoming}")
         volatile = self.volatile(point.cuts)
         if point.lost_metadata:
             lost = volatile.metadata[len(volatile.metadata) - point.lost_metadata:]
             lines.append("never committed to the directory: " + "; ".join(
-                f"rank {op.rank} {op.describe()}" for op in lost))
+                f"{self.stream_name(op.rank)} {op.describe()}" for op in lost))
         sizes = {path: (unsynced, size) for path, unsynced, size in volatile.dirty}
         for loss in point.losses:
             unsynced, size = sizes.get(loss.path, (0, 0))
@@ -212,3 +236,16 @@ class CrashModel:
                 lines.append(f"{head} reached the disk except bytes {loss.zero_from}..{loss.zero_to}, "
                              f"which read as zeros (blocks never written back)")
         return lines
+
+
+def check_fidelity(model: CrashModel, checkpoint_dir: Path) -> None:
+    """The trace, replayed in full, must give the checkpoint directory the first run left."""
+    files, dirs = model.disk(model.complete())
+    real_files, real_dirs = read_tree(checkpoint_dir)
+    if state_hash(files, dirs) == state_hash(real_files, real_dirs):
+        return
+    differing = sorted(path for path in files.keys() | real_files.keys() if files.get(path) != real_files.get(path))
+    differing += sorted(f"{d}/" for d in dirs ^ real_dirs)
+    raise HarnessError("the IO trace does not rebuild the checkpoint directory (something wrote past the "
+                       f"interception layer: os.write on a raw descriptor, another process); differing: "
+                       f"{', '.join(differing[:10])}")

@@ -11,6 +11,11 @@ second, ...): the ranks in lockstep, an interleaving every run can have.
 The ranks must agree on the number of collectives; where they do not (a rank that skipped one
 would hang its peers, so it is a trace that missed one), the clock's order is kept and the model
 says it may differ between runs.
+
+Node agents that persist the save in the background (DLRover's saver) begin only once a rank's save
+handed them the step, and take part in no collective: their ops come after every rank's, in the
+clock's order (with one agent, its own order; with several, the run's interleaving, which respects
+what one agent waits for of another).
 """
 from __future__ import annotations
 
@@ -22,9 +27,19 @@ from .io_trace import TraceOp
 SYNC = "sync"  # the trace op marking a collective that returned
 
 
-def canonical(ops_per_rank: list[list[TraceOp]]) -> tuple[list[list[TraceOp]], str]:
-    """Each rank's ops without the sync markers, with ``time_ns`` replaced by the op's position in
-    the order above (so every ``op.order`` follows it), and "" or why the clock's order was kept."""
+def canonical(ops_per_rank: list[list[TraceOp]],
+              background: list[list[TraceOp]] = ()) -> tuple[list[list[TraceOp]], str]:
+    """Each rank's ops without the sync markers, then each background stream's (a node agent's),
+    with ``time_ns`` replaced by the op's position in the order above (so every ``op.order``
+    follows it), and "" or why the clock's order was kept."""
+    ranks, note = _ranks_in_order(ops_per_rank)
+    after = sorted((op for ops in background for op in ops), key=lambda op: op.order)
+    start = sum(len(ops) for ops in ranks)
+    position = {(op.rank, op.seq): start + index for index, op in enumerate(after)}
+    return ranks + [[replace(op, time_ns=position[(op.rank, op.seq)]) for op in ops] for ops in background], note
+
+
+def _ranks_in_order(ops_per_rank: list[list[TraceOp]]) -> tuple[list[list[TraceOp]], str]:
     epochs = [_epochs(ops) for ops in ops_per_rank]
     kept = [[op for op in ops if op.kind != SYNC] for ops in ops_per_rank]
     counts = {len(rank_epochs) for rank_epochs in epochs}

@@ -95,9 +95,5 @@ class Fault(HarnessSide, RankSide):
     @classmethod
     def check_strategy(cls, strategy: type) -> tuple[str, str, Any, Any] | None:
         """Whether the fault can act on this strategy class beyond what ``requires`` says: None, or
-        what the loader reports. A fault that ``explores`` restores crash states in ranks of its
-        own, where no node agent (``strategy.node_agent``) serves them: refused."""
-        if cls.explores and strategy.node_agent is not None:
-            return ("fault.kind", f"restores each crash state in ranks of its own, without the node agents "
-                    f"{strategy.__name__} needs beside them", cls.kind, "a fault that does not explore")
+        what the loader reports."""
         return None

@@ -88,5 +88,6 @@ class RankEnvironment:
     emit: Callable[..., None] = field(repr=False)  # emit(event_name, **fields) into the rank's event log
     case_dir: Path | None = None  # CaseEnvironment.case_dir: what the harness side left for the ranks
     process: str = "rank"  # or "helper" (a child of the rank's libraries) or "agent" (its node's): helper_hook
+    node_index: int = 0  # an agent: its node's place among the case's nodes
     incarnation: str = "first_run"  # or "restart": only for faults whose ``arms_at_restart`` is true
     checkpoint_url: str | None = None  # the case's object store (``s3://...``) in place of checkpoint_dir

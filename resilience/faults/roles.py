@@ -89,7 +89,9 @@ class RankSide:
     save; ``after_save(strategy, step)`` each time its save returned. Restarted ranks get no fault
     unless ``arms_at_restart``: then the same calls run there (``env.incarnation == "restart"``).
     With ``reaches_helpers()``, ``arm`` runs in the processes the rank's libraries start too
-    (``env.process == "helper"``), whose writes reach the fault's `WriteListener` hooks.
+    (``env.process == "helper"``), whose writes reach the fault's `WriteListener` hooks. A node
+    agent armed with it (``process: agent``, or ``in_every_node_agent``) gets ``arm`` with
+    ``env.process == "agent"``, then ``agent_persisting`` around each of its background saves.
     A fault that fires calls ``fired(...)`` first, so the event is on record before it acts.
     """
 
@@ -119,6 +121,9 @@ class RankSide:
     #: (a script's final save, which no backward follows: black-box mode): the fault then needs
     #: no peer, since the others may be gone already; read by the black-box startup hook
     after_save_at_exit: ClassVar[bool] = False
+    #: whether every node agent of the first run is armed too, where the strategy keeps them
+    #: (``env.process == "agent"``, hearing ``agent_persisting``); read by the harness as it starts them
+    in_every_node_agent: ClassVar[bool] = False
     #: whether the restart's ranks arm the fault too (faults that act on the restore's reads); read
     #: by the worker when it starts a restarted rank
     arms_at_restart: ClassVar[bool] = False
@@ -144,6 +149,10 @@ class RankSide:
     def after_save(self, strategy: Any, step: int) -> None:
         """The rank's ``strategy.save`` for ``step`` returned (main thread, before the next step).
         ``strategy`` is None in a user's script (black-box mode): its own code saved."""
+
+    def agent_persisting(self, step: int, returned: bool) -> None:
+        """In a node agent (``env.process == "agent"``, `rank.helper_hook`): the agent's background
+        save of ``step`` began (``returned`` false), or returned. Called in the agent's saver thread."""
 
     def between_micro_steps(self, step: int) -> None:
         """The rank finished a micro-batch of ``step`` that is not the step's last (forward and

@@ -6,7 +6,7 @@ The harness starts a node's agent (`resilience.run.node_agents`) with the same h
 In such a helper the fault is armed with ``process="helper"``, follows the step of the last save its
 rank began (a background writer writes after the rank's save call returned), writes its events into
 the rank's event log, and reaches the helper's files through the same interception layer as in the
-rank.
+rank. In an agent, the fault also hears each background save the agent makes (``agent_persisting``).
 """
 from __future__ import annotations
 
@@ -22,16 +22,18 @@ STARTUP_DIR = Path(__file__).resolve().parent / "startup"
 
 def hook_environment(*, rank: int, world_size: int, case_file: Path, checkpoint_dir: Path, events_path: Path,
                      clock_path: Path, process: str = "helper", rank_pid: int = 0,
-                     python_path: str = "") -> dict[str, str]:
+                     python_path: str = "", node_index: int = 0) -> dict[str, str]:
     """The environment that arms the fault in every Python process started with it: ``process``
-    names what it is (a rank's ``helper``, or a node's ``agent``, which the harness starts with it);
-    it follows rank ``rank``'s clock and writes into its event log."""
+    names what it is (a rank's ``helper``, or a node's ``agent``, which the harness starts with it,
+    ``node_index`` its node's place among the case's nodes); it follows rank ``rank``'s clock and
+    writes into its event log."""
     from ..core.paths import PROJECT_ROOT
 
     return {ENV_VAR: json.dumps({
         "rank": rank, "world_size": world_size, "case_file": str(case_file), "rank_pid": rank_pid,
         "checkpoint_dir": str(checkpoint_dir), "events": str(events_path), "clock": str(clock_path),
-        "project_root": str(PROJECT_ROOT), "process": process}),
+        "project_root": str(PROJECT_ROOT), "process": process,
+        "node_index": node_index}),
         "PYTHONPATH": os.pathsep.join([str(STARTUP_DIR)] + [p for p in python_path.split(os.pathsep) if p])}
 
 
@@ -52,6 +54,7 @@ def install(config_text: str) -> None:
     from ..core import registry
     from ..core.case import Case
     from ..core.events import EventLog
+    from ..core.node_agents import listen_to_persists
     from ..disk.interception import Interceptor
     from ..faults.base import FollowedClock, RankEnvironment, WriteListener
 
@@ -64,11 +67,15 @@ def install(config_text: str) -> None:
         log.emit(event, **fields)
         log.close()
 
+    if isinstance(fault, WriteListener):  # a helper is reached through its writes; before arm, as in a rank
+        Interceptor(checkpoint_dir, [fault]).install()
+    process = config.get("process", "helper")
     fault.arm(RankEnvironment(rank=config["rank"], world_size=config["world_size"], checkpoint_dir=checkpoint_dir,
                               clock=FollowedClock(Path(config["clock"])), emit=emit,
-                              process=config.get("process", "helper")))
-    if isinstance(fault, WriteListener):  # a helper is reached through its writes
-        Interceptor(checkpoint_dir, [fault]).install()
+                              case_dir=Path(config["case_file"]).parent, process=process,
+                              node_index=config.get("node_index", 0)))
+    if process == "agent":
+        listen_to_persists(fault.agent_persisting)
 
 
 def follow_forks(fault: Any, checkpoint_dir: Path) -> None:

@@ -30,10 +30,9 @@ from pathlib import Path
 from ..core.case import Case
 from ..core.events import Event
 from ..core.records import CaseResult, PhaseResult, PhaseStatus
-from ..disk.crash_states import CrashModel, CrashPoint
+from ..disk.crash_states import CrashModel, CrashPoint, check_fidelity
 from ..disk.enumeration import distinct_states
 from ..disk.observed import TreeIndex
-from ..disk.state_tree import read_tree, state_hash
 from ..errors import HarnessError
 from ..faults.write_path.power_loss import trace_dir
 from ..launch.backend import ProcessBackend
@@ -72,7 +71,7 @@ class Explorer(LocalCase):
             raise HarnessError(f"{case.source}: a power_loss case restores at the world size it saved with "
                                f"(restart.world_size {case.restart.world_size} != {case.workload.world_size})")
         super().__init__(case, work_dir, run_phase, cache)
-        self.store = self.agents = None  # crash states are files: no store or node agent takes part
+        self.store = None  # crash states are files: no object store takes part
         self.work_dir, self.keep = work_dir, keep
         self.profile_name = profile
         self.max_restores = max_restores
@@ -88,6 +87,8 @@ class Explorer(LocalCase):
         if first_run.status != PhaseStatus.COMPLETED:
             raise HarnessError(f"the traced first run did not complete ({first_run.status}): "
                                f"{first_run.first_error.summary() if first_run.first_error else ''}")
+        if self.agents is not None:
+            self.agents.stop()  # the power cut: the node agents and their memory are gone
         self.model = CrashModel(trace_dir(self.work_dir), self.case.workload.world_size, self.case.fault.trigger.step)
         check_fidelity(self.model, self.plan.checkpoint_dir)
         return progress
@@ -278,23 +279,14 @@ def _with_availability(case: Case, model: CrashModel, restores: CrashRestores, r
 
 def _as_of(first_run: PhaseResult, point: CrashPoint, model: CrashModel) -> PhaseResult:
     """The first run as it stood at the power cut: a rank's step-S save returned only if its cut
-    reached the op that says so."""
+    reached the op that says so; an earlier save only if it outlived the cut (not memory alone)."""
     returned = model.returned(point)
-    records = tuple(replace(record, events=tuple(
-        event for event in record.events
-        if not (event["event"] == Event.SAVE_RETURNED and event["step"] == model.step and record.rank not in returned)))
-        for record in first_run.ranks)
+
+    def counted(event: dict, rank: int) -> bool:
+        if event["event"] != Event.SAVE_RETURNED:
+            return True
+        return rank in returned if event["step"] == model.step else model.survives(event["step"])
+
+    records = tuple(replace(record, events=tuple(event for event in record.events if counted(event, record.rank)))
+                    for record in first_run.ranks)
     return replace(first_run, ranks=records)
-
-
-def check_fidelity(model: CrashModel, checkpoint_dir: Path) -> None:
-    """The trace, replayed in full, must give the checkpoint directory the first run left."""
-    files, dirs = model.disk(model.complete())
-    real_files, real_dirs = read_tree(checkpoint_dir)
-    if state_hash(files, dirs) == state_hash(real_files, real_dirs):
-        return
-    differing = sorted(path for path in files.keys() | real_files.keys() if files.get(path) != real_files.get(path))
-    differing += sorted(f"{d}/" for d in dirs ^ real_dirs)
-    raise HarnessError("the IO trace does not rebuild the checkpoint directory (something wrote past the "
-                       f"interception layer: os.write on a raw descriptor, another process); differing: "
-                       f"{', '.join(differing[:10])}")

@@ -64,7 +64,7 @@ class LocalCase(CaseSequence):
             from ..objectstore.server import S3Store
 
             self.store = (object_store or S3Store)(work_dir)
-        self.agents = _node_agents(case, work_dir)
+        self.agents = node_agents_for(case, work_dir)
         super().__init__(case, registry.resolve("fault", case.fault.kind)(case.fault), CaseEnvironment(
             case=case, case_dir=work_dir, checkpoint_dir=checkpoint_dir, object_store=self.store,
             node_agents=self.agents))
@@ -201,7 +201,7 @@ class LocalCase(CaseSequence):
                           work_dir=self.plan.work_dir)
 
 
-def _node_agents(case: Case, work_dir: Path) -> NodeAgents | None:
+def node_agents_for(case: Case, work_dir: Path) -> NodeAgents | None:
     """The case's node agents (not yet started), where its strategy keeps one per node."""
     strategy = registry.resolve("strategy", case.strategy.name)
     if strategy.node_agent is None:
@@ -213,16 +213,23 @@ def _node_agents(case: Case, work_dir: Path) -> NodeAgents | None:
 
 def arm_agent(case: Case, agents: NodeAgents, first: PhasePlan) -> None:
     """A fault that acts in a node agent (``process: agent``): the first run's agent of the trigger
-    rank's node starts armed, following that rank's clock and writing into its event log."""
+    rank's node starts armed, following that rank's clock and writing into its event log; one armed
+    ``in_every_node_agent``: every node's agent, each following its node's first rank."""
     trigger = case.fault.trigger
-    if case.fault.params.get("process") != "agent" or trigger is None:
+    placement = case.placement
+    if registry.resolve("fault", case.fault.kind).in_every_node_agent:
+        ranks = [block * placement.ranks_per_node for block in range(placement.nodes)]  # each node's first
+    elif case.fault.params.get("process") == "agent" and trigger is not None:
+        ranks = [trigger.rank]
+    else:
         return
-    rank = trigger.rank
-    agents.arm(case.placement.node_of(rank), hook_environment(
-        rank=rank, world_size=first.world_size, case_file=Path(first.case_file),
-        checkpoint_dir=case.placement.storage_dir(Path(first.checkpoint_dir), rank),
-        events_path=first.events_path(rank), clock_path=Path(first.phase_dir) / f"rank{rank}.clock",
-        process="agent"))  # the agent's own software adds its PYTHONPATH after the hook's
+    for rank in ranks:
+        node = placement.node_of(rank)
+        agents.arm(node, hook_environment(
+            rank=rank, world_size=first.world_size, case_file=Path(first.case_file),
+            checkpoint_dir=placement.storage_dir(Path(first.checkpoint_dir), rank),
+            events_path=first.events_path(rank), clock_path=Path(first.phase_dir) / f"rank{rank}.clock",
+            process="agent", node_index=placement.node_ids.index(node)))  # the agent's software adds its PYTHONPATH
 
 
 class Planner:

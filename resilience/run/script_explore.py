@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..core.elastic_layout import Incarnation
 from ..core.records import Verdict
-from ..disk.crash_states import CrashModel, CrashPoint
+from ..disk.crash_states import CrashModel, CrashPoint, check_fidelity
 from ..disk.enumeration import distinct_states
 from ..disk.state_tree import materialise, state_hash
 from ..errors import HarnessError
@@ -31,7 +31,6 @@ from ..oracle.blackbox import RankLog, judge_logs
 from ..oracle.envelope import Envelope
 from ..oracle.rules import SEVERITY
 from .blackbox_records import BlackBoxResult
-from .explore import check_fidelity
 from .explore_records import PROFILE_VARIABLE
 
 SCRIPT_RESTORES = {"ci": 10, "long": 200}  # restarts of the script per power_loss case

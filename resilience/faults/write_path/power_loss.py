@@ -5,6 +5,11 @@ directory during each save up to and including the one at ``step`` (`resilience.
 it ends the first run once that save returned on the rank. The crash itself is not injected into
 live processes: `resilience.run.explore` rebuilds the disk states a power cut at any point of that save
 could leave (`resilience.disk.crash_states`), restarts real ranks on each and judges them.
+
+Where the strategy keeps node agents that persist in the background (DLRover's saver), every node's
+agent of the first run is armed too and traces its persists up to and including that of ``step``
+as a stream of its own (number ``world_size + node index``): a power cut takes the agents' memory
+with it, so what they had made durable is all a restore finds.
 """
 from __future__ import annotations
 
@@ -29,7 +34,9 @@ class PowerLoss(Fault, WriteListener):
     Rank side: ``arm`` opens the rank's trace and hooks the namespace operations; the IO hooks record
     opens, writes (with their bytes) and closes of every file during saves up to ``step``;
     ``after_save(step)`` records that the save returned and ends the rank (exit status 0): the
-    explorer needs nothing after it. Harness side: nothing; the explorer reads the traces.
+    explorer needs nothing after it. In a node agent the same hooks record during each persist up to
+    that of ``step`` (``agent_persisting``), whose return is recorded as the agent's ``returned``.
+    Harness side: nothing; the explorer reads the traces.
     """
 
     kind = "power_loss"
@@ -39,6 +46,7 @@ class PowerLoss(Fault, WriteListener):
     params = {"profile": (PROFILES, "ci")}
 
     explores = True  # the harness hands the case to the explorer
+    in_every_node_agent = True  # an agent's background persist is part of the save
     after_save_at_exit = True  # it only closes this rank's trace: a script's final save is traced too
 
     def __init__(self, spec):
@@ -46,10 +54,12 @@ class PowerLoss(Fault, WriteListener):
         self.writer: TraceWriter | None = None
         self.hooks: NamespaceHooks | None = None
         self.collectives: CollectiveHooks | None = None
+        self.persisting: int | None = None  # in an agent: the step of the persist under way
 
     def arm(self, env: RankEnvironment) -> None:
         super().arm(env)
-        self.writer = TraceWriter(env.case_dir / TRACE_DIR, env.rank)
+        agent = env.process == "agent"
+        self.writer = TraceWriter(env.case_dir / TRACE_DIR, env.world_size + env.node_index if agent else env.rank)
         self.writer.follow_forks()  # megatron-core's writer workers are forked and inherit these hooks
         # shutil.copyfile moves bytes with os.sendfile on Linux, past any file object: make it write
         shutil._USE_CP_SENDFILE = False
@@ -57,16 +67,21 @@ class PowerLoss(Fault, WriteListener):
         staging = os.environ.get("TMPDIR")  # every harness rank has its own; a bare test may have none
         self.hooks = NamespaceHooks(env.checkpoint_dir, self._namespace_op, staging=Path(staging) if staging else None)
         self.hooks.install()
+        if agent:
+            return
         # which collectives the ranks had passed orders their ops the same way in every run
         self.collectives = CollectiveHooks(lambda name: self._record("sync", target=name), self._recording)
         self.collectives.install()
 
     def _recording(self) -> bool:
+        if self.env.process == "agent":
+            return self.writer is not None and self.persisting is not None and self.persisting <= self.trigger.step
         clock = self.env.clock
         return clock.phase == ClockPhase.SAVE and clock.save_step <= self.trigger.step
 
     def _record(self, kind: str, payload: bytes | None = None, **fields: Any) -> None:
-        self.writer.record(self.env.clock.save_step, kind, payload, **fields)
+        step = self.persisting if self.env.process == "agent" else self.env.clock.save_step
+        self.writer.record(step, kind, payload, **fields)
 
     def _namespace_op(self, kind: str, **fields: Any) -> None:
         if self._recording():
@@ -102,6 +117,20 @@ class PowerLoss(Fault, WriteListener):
             self.env.emit(Event.TRACE_COMPLETE, step=step)
             self.writer.close()
             os._exit(0)  # the explorer needs nothing after this save; peers finish theirs on their own
+
+
+    def agent_persisting(self, step: int, returned: bool) -> None:
+        if step > self.trigger.step or self.writer is None:
+            return
+        if not returned:
+            self.persisting = step
+            return
+        self._record("returned")
+        self.writer.flush()
+        self.persisting = None
+        if step == self.trigger.step:
+            self.writer.close()
+            self.writer = None
 
 
 def trace_dir(case_dir: Path) -> Path:

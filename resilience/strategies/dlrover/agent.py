@@ -13,6 +13,8 @@ It does what ``dlrover-run``'s agent does for the flash checkpoint (dlrover 0.6.
   - the workers succeeded (SIGUSR2): ``while saver.wait_saving_checkpoint(): sleep`` before the
     agent exits (``_wait_async_saver``, training.py:1327-1343);
   - SIGTERM: ``saver.close()``, which unlinks the node's shared memory (ckpt_saver.py:564-576).
+Each persist (``save_step_checkpoint``: the shards, their done files and, on node 0, the tracker;
+ckpt_saver.py:925-990 and 1081-1150) is reported to a fault armed in the agent (`core.node_agents.persist`).
 DLRover's host-wide names get the node's prefix: its sockets go under ``/dev/shm/<prefix>-sockets``
 (the module global ``SOCKET_TMP_DIR``, hard-coded to ``/tmp/ckpt_sock/`` at
 common/multi_process.py:32), and ``TORCHELASTIC_RUN_ID`` is the prefix, which names its
@@ -26,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from ...core.node_agents import DIR_ENV, NAME_ENV, NODE_ENV, OPTIONS_ENV, serve
+from ...core.node_agents import DIR_ENV, NAME_ENV, NODE_ENV, OPTIONS_ENV, persist, serve
 from . import dlrover_environment, use_node_sockets
 
 POLL_S = 0.05
@@ -38,7 +40,11 @@ def main() -> None:
     at_breakpoint = bool(json.loads(os.environ[OPTIONS_ENV]).get("save_at_breakpoint", False))
     os.environ.update(dlrover_environment(name, node))
     use_node_sockets(name)
+    from dlrover.python.elastic_agent.torch import ckpt_saver
     from dlrover.python.elastic_agent.torch.ckpt_saver import AsyncCheckpointSaver
+
+    for saver_class in (ckpt_saver.CommonDirCheckpointSaver, ckpt_saver.TempDirCheckpointSaver):
+        report_persists(saver_class)
 
     def workers_failed() -> None:
         saver = AsyncCheckpointSaver.get_ckpt_saver()
@@ -58,6 +64,17 @@ def main() -> None:
         saver.close()
     sys.stdout.flush()
     os._exit(0)  # its saver threads are daemons blocked on sockets
+
+
+def report_persists(saver_class) -> None:
+    """Each ``save_step_checkpoint`` of ``saver_class`` (its own, not inherited) runs inside
+    `core.node_agents.persist`."""
+    save_step = saver_class.save_step_checkpoint
+
+    def reported(self, step, *args, **kwargs):
+        return persist(step, lambda: save_step(self, step, *args, **kwargs))
+
+    saver_class.save_step_checkpoint = reported
 
 
 if __name__ == "__main__":
