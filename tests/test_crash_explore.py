@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -27,6 +28,7 @@ from resilience.disk.state_tree import materialise, read_tree, state_hash
 from resilience.errors import ScenarioError
 from resilience.faults.base import Clock, RankEnvironment
 from resilience.faults.write_path.power_loss import PowerLoss, trace_dir
+from resilience.run.explore_reduction import enumerate_within
 from resilience.run.harness import Harness
 from tests.harness_helpers import case_from
 from tests.procs import child_pids
@@ -530,3 +532,28 @@ def test_states_that_answer_every_look_alike_are_one_and_the_others_are_not():
     assert answers({"latest": b"step_8"}) != same
     assert answers({"zero_to_fp32.py": None}) != same  # gone
     assert answers({"step_4/b.pt": b"new"}) != same  # a name in a listed directory
+
+
+def _restoring_every(nth: int, states: int):
+    """A fake enumeration of ``states`` one-point states, of which every ``nth`` needs a restore
+    (the others stand in), and an evaluate that counts the restores against its limit."""
+    enumeration = SimpleNamespace(states=[SimpleNamespace(points=[i], index=i) for i in range(states)])
+    restored: list[int] = []
+
+    def evaluate(point, limit, index):
+        if index % nth:
+            return "stood in"
+        if point not in restored:
+            if len(restored) >= limit:
+                return None
+            restored.append(point)
+        return "restored"
+
+    return enumeration, evaluate, restored
+
+
+def test_a_whole_enumeration_goes_past_the_budget_only_where_the_rest_fit_at_the_same_rate():
+    enumeration, evaluate, restored = _restoring_every(8, 100)  # 13 restores: more than 10, within 15
+    assert enumerate_within(enumeration, evaluate, 10, 15) and len(restored) == 13
+    enumeration, evaluate, restored = _restoring_every(1, 100)  # every state restored: stop at the budget
+    assert not enumerate_within(enumeration, evaluate, 10, 15) and len(restored) == 10

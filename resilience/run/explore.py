@@ -42,7 +42,7 @@ from . import availability
 from .case_sequence import Progress, Step
 from .crash_restores import CrashRestores
 from .explore_records import PROFILE_VARIABLE, PROFILES, Exploration, Profile, StateResult, report
-from .explore_reduction import Reduction
+from .explore_reduction import Reduction, enumerate_within
 from .explore_search import search
 from .local_case import LocalCase, PhaseRunner
 
@@ -231,12 +231,12 @@ def _explore_once(case: Case, model: CrashModel, restores: CrashRestores, refere
 
     enumeration = distinct_states(model, states_budget if reduction is None else max(
         states_budget, profile.reduced_states if max_restores is None else max_restores))
+    whole = states_budget if max_restores is not None else states_budget + states_budget // 2
     if enumeration.complete and reduction is not None:  # its restores count against the budget
-        covered = all(evaluate(point, limit=states_budget, index=distinct.index) is not None
-                      for distinct in enumeration.states for point in distinct.points)
-        if not covered:
+        if not enumerate_within(enumeration, evaluate, states_budget, whole):
             enumeration = replace(enumeration, too_large=(
-                f"its {len(enumeration.states)} distinct disk states needed more than {states_budget} restores"))
+                f"its {len(enumeration.states)} distinct disk states needed more restores than the budget, "
+                f"{states_budget} (up to {whole} where the first states' rate says the rest fit)"))
     elif enumeration.complete:
         for distinct in enumeration.states:
             for point in distinct.points:

@@ -5,8 +5,11 @@ trusted: the reported state, if it stood in, and a few of the others are restore
 disagreement turns the reduction off for the case (`run.explore`)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..core.events import Event
 from ..core.records import PhaseResult
+from ..disk.enumeration import Enumeration
 from ..disk.observed import Observed, TreeIndex
 
 
@@ -31,3 +34,21 @@ class Reduction:
         if looks:
             observed = Observed.of(looks)
             self.learned.append((observed, observed.answers(index), digest))
+
+
+def enumerate_within(enumeration: Enumeration, evaluate: Callable[..., object], budget: int, most: int) -> bool:
+    """Evaluate every point of every distinct state (``evaluate(point, limit=, index=)``, None once
+    its restores reach ``limit``); whether all were. The restores stop at ``budget``, or go on to
+    ``most`` (what a search may restore once it shrinks a failure: half again) where the states
+    covered so far say the rest fit: the search that replaces a whole enumeration costs as much."""
+    limit, states = budget, enumeration.states
+    for done, distinct in enumerate(states):
+        for point in distinct.points:
+            if evaluate(point, limit=limit, index=distinct.index) is not None:
+                continue
+            if limit == most or budget * len(states) > most * max(done, 1):
+                return False
+            limit = most  # the states so far needed ``budget`` restores: at that rate the rest fit
+            if evaluate(point, limit=limit, index=distinct.index) is None:
+                return False
+    return True
