@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -476,6 +477,30 @@ def test_the_reduction_never_merges_two_states_a_planted_bug_tells_apart(tmp_pat
     assert not reduced["canary_note"]
 
 
+def test_a_manifest_compares_so_damaged_files_share_a_restore_yet_no_two_states_it_tells_apart_do(tmp_path):
+    """The checksum manifest over `torch.per_rank`: its restore only compares each file with the
+    manifest's size and SHA-256 (`core.file_comparison`), so states that damage a file in other ways
+    share one restore. Judged with the reduction and restoring every state for real: the same
+    verdict and restored step, state by state, and states that restore step 8 beside states that
+    fall back to step 4."""
+    case = case_from(strategy={"name": "manifest", "options": {"inner": "torch.per_rank"}}, expect="recovers",
+                     workload={"steps": 12}, fault={"kind": "power_loss", "step": SAVE}, timeouts={"phase": 60})
+    reports = {}
+    for reduce in (True, False):
+        result = Harness(work_root=tmp_path / str(reduce), keep=True, explore_restores=400,
+                         explore_reduce=reduce).run(case)
+        reports[reduce] = json.loads((result.work_dir / "exploration.json").read_text())
+    reduced, full = reports[True], reports[False]
+    assert reduced["enumerated"] == full["enumerated"] == full["restores"], (reduced["too_large"], full["too_large"])
+    assert reduced["stood_in"] > full["stood_in"] == 0
+    # by crash point, not digest: the manifest's temporary file is named after the writing pid
+    outcome, merged = ({re.sub(r"\.\d+\.tmp", ".tmp", json.dumps(s["point"], sort_keys=True)):
+                        (s["verdict"], s["restored_step"]) for s in report["states"]} for report in (full, reduced))
+    assert merged == outcome
+    assert {step for _, step in outcome.values()} >= {4, 8}
+    assert not reduced["canary_note"]
+
+
 def test_a_restore_reports_each_look_under_its_checkpoint_directory_and_how(tmp_path):
     """In a process of its own (an audit hook stays for the process's life): each kind of look,
     and nothing outside the directory."""
@@ -491,11 +516,19 @@ open(root + "/step_4/a.pt", "rb").read()
 open(root + "/step_8.tmp", "wb").close()
 os.listdir(root)
 list(os.scandir(root + "/step_4"))
+with os.scandir(root) as entries:
+    [entry.stat().st_size for entry in entries if entry.name == "step_8.tmp"]
 os.stat(root + "/step_4/a.pt").st_size
 os.stat(root + "/step_4").st_mode
 os.rename(root + "/step_8.tmp", root + "/step_8")
 shutil.rmtree(root + "/step_4/inner")
 os.path.exists({str(tmp_path)!r})
+from resilience.core.file_comparison import comparing
+with comparing(root + "/step_4/c.pt", 3, "ab"):
+    os.stat(root + "/step_4/a.pt").st_size
+open(root + "/step_4/c.pt", "wb").write(b"abc")
+with comparing(root + "/step_4/c.pt", 3, "ab"):
+    os.stat(root + "/step_4/c.pt").st_size, open(root + "/step_4/c.pt", "rb").read()
 observe_paths(None, None)
 os.path.exists(root + "/after")
 print(json.dumps(sorted(set(looks))), os.stat is observe_paths.__globals__["_UNAUDITED"]["stat"])
@@ -504,10 +537,14 @@ print(json.dumps(sorted(set(looks))), os.stat is observe_paths.__globals__["_UNA
     assert done.returncode == 0, done.stderr
     looks, restored = done.stdout.rsplit(" ", 1)
     seen = {tuple(look) for look in json.loads(looks)}
-    assert seen >= {("latest", "kind"), ("step_4/a.pt", "read"), ("step_8.tmp", "kind"), (".", "list"),
+    assert seen >= {("latest", "kind"), ("step_4/a.pt", "read"), ("step_8.tmp", "dir"), ("step_8.tmp", "replaced"),
+                    (".", "list"),
                     ("step_4", "scan"), ("step_4/a.pt", "stat"), ("step_4", "kind"), ("step_8.tmp", "change"),
                     ("step_8", "change"), ("step_4/inner", "tree")}, seen
     assert ("step_4", "stat") not in seen  # st_mode only: its kind
+    assert ("step_8.tmp", "stat") in seen and ("step_4/a.pt", "stat") in seen  # a scanned entry's stat(); os.stat
+    assert ("step_4/c.pt", "compared 3 ab") in seen  # its stat and read inside `comparing`: the comparison only
+    assert not {how for path, how in seen if path == "step_4/c.pt"} & {"stat", "read"}, seen
     assert not {path for path, _ in seen if path.startswith("..") or path == "after"}, seen
     assert restored.strip() == "True"  # os.stat is Python's own again
 
@@ -532,6 +569,45 @@ def test_states_that_answer_every_look_alike_are_one_and_the_others_are_not():
     assert answers({"latest": b"step_8"}) != same
     assert answers({"zero_to_fp32.py": None}) != same  # gone
     assert answers({"step_4/b.pt": b"new"}) != same  # a name in a listed directory
+
+
+def test_a_path_the_restore_replaced_is_not_looked_at_again_and_a_truncating_open_sees_only_a_directory():
+    from resilience.disk.observed import Observed, TreeIndex
+
+    looks = Observed.of([("step_8/a.pt", "dir"), ("step_8/a.pt", "replaced"), ("step_8/a.pt", "read"),
+                         ("step_8/b.pt", "read"), ("step_8/b.pt", "replaced")])
+    dirs = {".", "step_8"}
+
+    def answers(files: dict[str, bytes]) -> tuple:
+        return looks.answers(TreeIndex.of(files, dirs))
+
+    same = answers({"step_8/a.pt": b"aaaa", "step_8/b.pt": b"bbbb"})
+    assert answers({"step_8/b.pt": b"bbbb"}) == same  # missing or torn, a.pt is created and truncated alike
+    assert answers({"step_8/a.pt": b"a", "step_8/b.pt": b"bbbb"}) == same  # read after the restore replaced it
+    assert answers({"step_8/a.pt": b"aaaa", "step_8/b.pt": b"bb"}) != same  # read before it was replaced
+    assert looks.answers(TreeIndex.of({"step_8/b.pt": b"bbbb"}, dirs | {"step_8/a.pt"})) != same  # in the way
+
+    scanned = Observed.of([("step_8", "scan")])  # glob's: names and kinds; an entry's stat() is a look of its own
+    assert scanned.answers(TreeIndex.of({"step_8/a.pt": b"a"}, dirs)) == scanned.answers(
+        TreeIndex.of({"step_8/a.pt": b"aaaa"}, dirs))
+    assert scanned.answers(TreeIndex.of({}, dirs | {"step_8/a.pt"})) != scanned.answers(
+        TreeIndex.of({"step_8/a.pt": b"aaaa"}, dirs))
+
+
+def test_a_file_only_compared_with_a_known_one_answers_the_comparison_only():
+    import hashlib
+
+    from resilience.disk.observed import Observed, TreeIndex
+
+    known = b"bbbb"
+    looks = Observed.of([("step_8/a.pt", f"compared {len(known)} {hashlib.sha256(known).hexdigest()}")])
+
+    def answers(content: bytes | None) -> tuple:
+        return looks.answers(TreeIndex.of({} if content is None else {"step_8/a.pt": content}, {".", "step_8"}))
+
+    assert answers(b"zzzz") == answers(b"bbb\0")  # other bytes at the same size, whichever
+    assert answers(b"bb") == answers(b"b")  # another size, whichever
+    assert len({answers(known), answers(b"zzzz"), answers(b"bb"), answers(None)}) == 4
 
 
 def _restoring_every(nth: int, states: int):

@@ -16,6 +16,8 @@ import posixpath
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ..core.file_comparison import parse_comparison
+
 ABSENT = "-"
 DIRECTORY = "d"
 FILE = "f"
@@ -43,11 +45,23 @@ class TreeIndex:
         return digest.hexdigest()
 
     def answer(self, path: str, level: str) -> str:
-        """What a look at ``path`` sees: its kind, its kind and size (stat), or its bytes (read)."""
-        if path in self.files:
-            digest, size = self.files[path]
-            return {"kind": FILE, "stat": f"{FILE} {size}"}.get(level, digest)
-        return DIRECTORY if path in self.dirs or path == "." else ABSENT
+        """What a look at ``path`` sees: whether it is a directory (dir), its kind, its kind and size
+        (stat), or its bytes (read)."""
+        kind = DIRECTORY if path in self.dirs or path == "." else FILE if path in self.files else ABSENT
+        if level == "dir":
+            return "dir" if kind == DIRECTORY else "not a dir"
+        if kind != FILE:
+            return kind
+        digest, size = self.files[path]
+        return {"kind": FILE, "stat": f"{FILE} {size}"}.get(level, digest)
+
+    def compared(self, path: str, size: int, sha256: str) -> str:
+        """What a comparison of ``path`` with the file of ``size`` bytes and ``sha256`` sees
+        (`resilience.core.file_comparison`): not a file (its kind), another size, other bytes, the same."""
+        if path not in self.files:
+            return self.answer(path, "kind")
+        digest, found = self.files[path]
+        return "other size" if found != size else ("other bytes" if digest != sha256 else "same")
 
     def names(self, directory: str) -> tuple[str, ...]:
         """The entries directly inside ``directory``."""
@@ -61,7 +75,8 @@ class TreeIndex:
                             if p != "." and p.startswith(prefix)))
 
 
-LEVELS = ("kind", "stat", "read")  # what a look at one path depends on, least first
+LEVELS = ("dir", "kind", "stat", "read")  # what a look at one path depends on, least first
+REPLACED = "replaced"  # not a look: from here on the path holds what the restore wrote
 
 
 @dataclass(frozen=True)
@@ -70,35 +85,49 @@ class Observed:
 
     entries: tuple[tuple[str, str], ...]  # (path, level): each path looked at, each ancestor's kind
     listings: tuple[str, ...]  # directories whose names it read (os.listdir; a changed directory)
-    scans: tuple[str, ...]  # directories it scanned (os.scandir, glob, os.walk): names, kinds and sizes
+    scans: tuple[str, ...]  # directories it scanned (os.scandir, glob, os.walk): names and kinds (an entry's
+    # stat() is a stat look of its own)
     trees: tuple[str, ...]  # directories it removed whole (shutil.rmtree): everything under them
+    compared: tuple[tuple[str, int, str], ...] = ()  # (path, size, sha256): files only compared with these
 
     @classmethod
     def of(cls, looks: Iterable[tuple[str, str]]) -> "Observed":
         """``looks``: (path relative to the checkpoint directory, how) as the ranks reported them
-        (`resilience.rank.working_dir.OBSERVED_HOW`)."""
+        (`resilience.rank.working_dir.OBSERVED_HOW`), in the order they were made (by the clock,
+        every rank's together). A look at a path after some rank replaced it (``replaced``: a
+        truncating or creating open) meets what the restore wrote there, not the crash state:
+        it is not one."""
         levels: dict[str, int] = {}
-        listings, scans, trees = set(), set(), set()
+        listings, scans, trees, compared, replaced = set(), set(), set(), set(), set()
 
         def need(path: str, level: str) -> None:
             levels[path] = max(levels.get(path, 0), LEVELS.index(level))
 
         for path, how in looks:
             path = posixpath.normpath(path)
+            if path in replaced:
+                continue
+            if how == REPLACED:  # its kind was reported with it
+                replaced.add(path)
+                continue
             for ancestor in _ancestors(path):
                 need(ancestor, "kind")
+            if (known := parse_comparison(how)) is not None:
+                compared.add((path, *known))
+                continue
             if how in ("list", "scan", "tree", "change"):
                 {"list": listings, "change": listings, "scan": scans, "tree": trees}[how].add(path)
             need(path, {"list": "kind", "scan": "kind", "tree": "kind", "change": "read"}.get(how, how))
         return cls(tuple(sorted((path, LEVELS[level]) for path, level in levels.items())), tuple(sorted(listings)),
-                   tuple(sorted(scans)), tuple(sorted(trees)))
+                   tuple(sorted(scans)), tuple(sorted(trees)), tuple(sorted(compared)))
 
     def answers(self, state: TreeIndex) -> tuple:
         """What ``state`` answers to every look: equal answers, the same restore."""
         return (tuple(state.answer(path, level) for path, level in self.entries),
                 tuple(state.names(d) for d in self.listings),
-                tuple(tuple((n, state.answer(_join(d, n), "stat")) for n in state.names(d)) for d in self.scans),
-                tuple(state.below(d) for d in self.trees))
+                tuple(tuple((n, state.answer(_join(d, n), "kind")) for n in state.names(d)) for d in self.scans),
+                tuple(state.below(d) for d in self.trees),
+                tuple(state.compared(*look) for look in self.compared))
 
 
 def _parent(path: str) -> str:

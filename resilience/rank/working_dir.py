@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.events import Event
+from ..core.file_comparison import comparison_of
 
 WORK_DIR = "work"
 
@@ -29,14 +30,16 @@ def enter_working_dir(phase_dir: Path) -> Path:
 
 
 # audit events whose path arguments a restore's outcome may depend on (`observe_paths`), and on
-# what of each: its bytes (read), its kind (kind: file, directory or none), its kind and size
-# (stat), its bytes or entries (change), its entries' names (list), names and entries (scan), or
+# what of each: its bytes (read), its kind (kind: file, directory or none), whether it is a
+# directory (dir: a truncating open that creates what is missing), its kind and size
+# (stat), its bytes or entries (change), its entries' names (list), their names and kinds (scan), or
 # everything under it (tree); one entry per path argument
 OBSERVED_HOW = {"os.listdir": ("list",), "os.scandir": ("scan",), "os.rename": ("change", "change"),
                 "os.remove": ("kind",), "os.rmdir": ("change",), "os.mkdir": ("kind",), "shutil.rmtree": ("tree",),
                 "os.truncate": ("kind",), "os.link": ("read", "kind"), "os.symlink": ("kind", "kind"),
                 "shutil.copyfile": ("read", "kind"), "os.chmod": ("kind",), "os.utime": ("kind",)}
 _REPLACING = os.O_TRUNC | os.O_EXCL  # an open that reads nothing of what was there: its kind only
+_CREATE_OR_TRUNCATE = os.O_CREAT | os.O_TRUNC  # ... and needs only that no directory is in the way
 _UNAUDITED = {name: getattr(os, name) for name in ("stat", "lstat", "access")}  # as Python started them
 
 
@@ -74,13 +77,27 @@ class _Watch:
     def _observe(cls, event: str, args: tuple[Any, ...]) -> None:
         if event == "open":
             mode, flags = (args + (None, 0))[1:3]
-            writes = bool(set(mode or "") & set("wx")) or bool((flags or 0) & _REPLACING)
+            mode, flags = mode or "", flags or 0
+            if "w" in mode or flags & _CREATE_OR_TRUNCATE == _CREATE_OR_TRUNCATE and not flags & os.O_EXCL:
+                cls.replaced(args[0])  # the one thing that can fail it: a directory in the way
+                return
+            writes = "x" in mode or bool(flags & _REPLACING)  # fails if it exists, or if it does not
             hows = ("kind" if writes else "read",)
         else:
             hows = OBSERVED_HOW[event]
         for target, how in zip(args, hows, strict=False):
             if isinstance(target, (str, bytes, os.PathLike)):  # not a descriptor: seen when it was opened
                 cls.note(target, how)
+        if event == "open" and flags & os.O_TRUNC:
+            cls.replaced(args[0], "kind")
+
+    @classmethod
+    def replaced(cls, target: Any, how: str = "dir") -> None:
+        """``target`` is being truncated (and created if missing): looked at ``how`` (by default
+        whether it is a directory), and reported replaced (a later look at it meets what the
+        restore wrote, `disk.observed`)."""
+        if isinstance(target, (str, bytes, os.PathLike)) and cls.note(target, how):
+            cls.note(target, "replaced")
 
     @classmethod
     def note(cls, target: Any, how: str) -> bool:
@@ -93,6 +110,8 @@ class _Watch:
         if root is None or not (path == root or path.startswith(root + os.sep)):
             return False
         relative = os.path.relpath(path, root).replace(os.sep, "/")
+        if how in ("stat", "read"):  # a file compared with a known one: only the comparison counts
+            how = comparison_of(path) or how
         if (relative, how) not in cls.observed:
             cls.observed.add((relative, how))
             cls.observe(Event.PATH_OBSERVED, path=relative, how=how)
@@ -113,6 +132,7 @@ def observe_paths(root: str | None, emit: Callable[..., None]) -> None:
         _install()
     for name, real in _UNAUDITED.items():
         setattr(os, name, real if root is None else _stat_observed(real, name))
+    os.scandir = _REAL_SCANDIR if root is None else _scandir_observed
 
 
 # the standard library's callers of os.stat that use only the kind of entry it finds: (function, module)
@@ -171,10 +191,83 @@ def _stat_observed(real: Callable[..., Any], name: str) -> Callable[..., Any]:
     return observed
 
 
+_REAL_SCANDIR = os.scandir
+
+
+def _scandir_observed(path=None):
+    """``os.scandir`` whose entries note a ``stat()`` or ``inode()`` as a stat look: the scan itself
+    (its audit event) is the names and kinds of the entries (``is_dir`` and the like)."""
+    real = _REAL_SCANDIR() if path is None else _REAL_SCANDIR(path)
+    return real if isinstance(path, int) else _ObservedScan(real)
+
+
+class _ObservedScan:
+    __slots__ = ("_real",)
+
+    def __init__(self, real: Any):
+        self._real = real
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> "_ObservedEntry":
+        return _ObservedEntry(next(self._real))
+
+    def __enter__(self) -> "_ObservedScan":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._real.close()
+
+    def close(self) -> None:
+        self._real.close()
+
+
+class _ObservedEntry:
+    __slots__ = ("_real",)
+
+    def __init__(self, real: os.DirEntry):
+        self._real = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def __fspath__(self) -> str:
+        return self._real.__fspath__()
+
+    def stat(self, *args: Any, **kwargs: Any) -> os.stat_result:
+        _Watch.note(self._real.path, "stat")
+        return self._real.stat(*args, **kwargs)
+
+    def inode(self) -> int:
+        _Watch.note(self._real.path, "stat")
+        return self._real.inode()
+
+    def __repr__(self) -> str:
+        return repr(self._real)
+
+
 def _install() -> None:
     if not _Watch.installed:
         sys.addaudithook(_Watch.hook)
+        _watch_torch_save()
         _Watch.installed = True
+
+
+def _watch_torch_save() -> None:
+    """``torch.save`` given a path opens it from C++ ("wb", no audit event): it is noted here as the
+    truncating open it is (for the process's life, as the hook; torch's own call does the rest)."""
+    import torch
+    import torch.serialization
+
+    real = torch.serialization.save
+
+    def save(obj, f, *args, **kwargs):
+        if _Watch.observed_root is not None:
+            _Watch.replaced(f)
+        return real(obj, f, *args, **kwargs)
+
+    torch.save = torch.serialization.save = save
 
 
 def watch_foreign_reads(roots: tuple[str, ...], emit: Callable[..., None]) -> None:

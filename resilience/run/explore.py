@@ -58,6 +58,8 @@ class Explorer(LocalCase):
     ``reduce``: judge a state that answers every look of a restored one's restore alike with that
     restore (`run.explore_reduction`)."""
 
+    first_run_ends_agents = True  # the power cut takes the node agents and their memory
+
     skips = frozenset({
         Step.CHECK_SAVES,  # every crash state's restore checks the saves
         Step.ORACLES,  # the restart runs at the first run's world size: the reference is the oracle
@@ -87,8 +89,6 @@ class Explorer(LocalCase):
         if first_run.status != PhaseStatus.COMPLETED:
             raise HarnessError(f"the traced first run did not complete ({first_run.status}): "
                                f"{first_run.first_error.summary() if first_run.first_error else ''}")
-        if self.agents is not None:
-            self.agents.stop()  # the power cut: the node agents and their memory are gone
         self.model = CrashModel(trace_dir(self.work_dir), self.case.workload.world_size, self.case.fault.trigger.step)
         check_fidelity(self.model, self.plan.checkpoint_dir)
         return progress

@@ -78,7 +78,8 @@ class Exploration:
 
 def report(exploration: Exploration) -> dict:
     def state(s: StateResult) -> dict:
-        return {"digest": s.digest, "verdict": s.verdict.kind.value, "point": asdict(s.point),
+        return {"digest": s.digest, "verdict": s.verdict.kind.value, "restored_step": s.verdict.restored_step,
+                "point": asdict(s.point),
                 "description": list(s.description), "findings": list(s.verdict.findings),
                 "stand_in": s.stand_in}
 

@@ -30,7 +30,7 @@ class Reduction:
         rank, or that looked at nothing, stands for no other state."""
         if not restart.every_rank_joined():
             return
-        looks = [(e["path"], e["how"]) for e in restart.events(Event.PATH_OBSERVED)]
+        looks = [(e["path"], e["how"]) for e in sorted(restart.events(Event.PATH_OBSERVED), key=lambda e: e["time"])]
         if looks:
             observed = Observed.of(looks)
             self.learned.append((observed, observed.answers(index), digest))

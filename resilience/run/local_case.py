@@ -51,6 +51,8 @@ class LocalCase(CaseSequence):
     """One case in ``work_dir``; ``run_phase``: the harness's; ``cache``: references shared across
     cases (None: run in this case); ``object_store``: the store factory (`Harness`)."""
 
+    first_run_ends_agents = False  # True: no launch follows the first run with its node agents
+
     def __init__(self, case: Case, work_dir: Path, run_phase: PhaseRunner, cache: ReferenceCache | None,
                  object_store=None):
         checkpoint_dir = work_dir / "checkpoints"
@@ -112,7 +114,7 @@ class LocalCase(CaseSequence):
         if self.store is not None:
             self.store.record_contents(FIRST_RUN)  # what the fault left in the bucket, before the restart
         if self.agents is not None:
-            self.agents.after_launch(result.status)
+            self.agents.after_launch(result.status, another=not self.first_run_ends_agents)
             if self.case.fault.params.get("process") == "agent":  # it may act as its agent ends the job's work
                 result = collect_again(first, result)
         return replace(progress, first_run=result)

@@ -40,7 +40,7 @@ class NodeAgents(NodeAgentControl):
     given the strategy's ``options``.
 
     Call order: ``arm(node, environment)`` where a fault acts in an agent; ``start()``; then after
-    each launch of the ranks but the last ``after_launch(status)`` (``workers_failed()`` or
+    each launch of the ranks but the last ``after_launch(status, another)`` (``workers_failed()`` or
     ``job_ended()``); ``lose(node)`` from a fault while ranks run; ``stop()`` once, in a ``finally``."""
 
     def __init__(self, module: str, root: Path, nodes: tuple[int, ...], options: dict,
@@ -65,27 +65,32 @@ class NodeAgents(NodeAgentControl):
         for node in self.nodes:
             self._wait(node, agent_dir(self.root, node) / READY, START_S, "to start")
 
-    def after_launch(self, status: PhaseStatus) -> None:
-        """What the agents do once a launch of the ranks ended with ``status`` (`PhaseResult.status`)."""
+    def after_launch(self, status: PhaseStatus, another: bool = True) -> None:
+        """What the agents do once a launch of the ranks ended with ``status`` (`PhaseResult.status`);
+        ``another``: a launch follows, with the agents it finds (False: they end here, nothing replaces them)."""
         if status == PhaseStatus.COMPLETED:
-            self.job_ended()
+            self.job_ended(another)
         else:
-            self.workers_failed()
+            self.workers_failed(another)
 
-    def workers_failed(self) -> None:
+    def workers_failed(self, another: bool = True) -> None:
         """The ranks failed: each live agent does its duties of a failure; a lost node's agent is
         replaced by a fresh one (a new machine, empty memory), and so is an agent that died alone
         (killed by a fault: the same machine, its memory kept)."""
         self._ask(signal.SIGUSR1)
-        self.start()
+        if another:
+            self.start()
+        else:
+            self.stop()
 
-    def job_ended(self) -> None:
+    def job_ended(self, another: bool = True) -> None:
         """The ranks finished: each agent waits for its background work, and the job ends with its
         agents (a killed one's memory too); a later launch is a new job, with new agents."""
         for node in self._ask(signal.SIGUSR2):
             self._forget(node)
         self.stop()
-        self.start()
+        if another:
+            self.start()
 
     def lose(self, node: int) -> None:
         if node in self.processes:

@@ -36,6 +36,7 @@ from typing import Any, Mapping
 import torch.distributed as dist
 
 from ..core.capabilities import Capability
+from ..core.file_comparison import comparing
 from ..workloads.base import Workload
 from .base import CheckpointStrategy, StrategyContext
 from .torch.targets import target_of
@@ -227,22 +228,27 @@ class ManifestCheckpoint(CheckpointStrategy):
         return document
 
     def _verify(self, document: dict) -> list[str]:
+        """This rank's share of the files that do not match the manifest. What is said of a file
+        depends only on whether it is the file the manifest describes (missing or unreadable,
+        another size, other bytes): nothing else of its bytes reaches the restore
+        (`core.file_comparison`: a restore explored after a power cut is seen to compare)."""
         target = self.target
         location = target.join(target.root, document["location"])
         problems = []
         for name in self._share(sorted(document["files"])):
             expected = document["files"][name]
             path = target.join(location, name)
-            try:
-                if (found := target.size(path)) != expected["size"]:
-                    problems.append(f"{document['location']}/{name}: {found} bytes, "
-                                    f"the manifest says {expected['size']}")
+            with comparing(path, expected["size"], expected["sha256"]):
+                try:
+                    if target.size(path) != expected["size"]:
+                        problems.append(f"{document['location']}/{name}: not the {expected['size']} bytes "
+                                        "the manifest says")
+                        continue
+                    _, sha = target.digest(path)
+                except OSError as exc:
+                    problems.append(f"{document['location']}/{name}: {type(exc).__name__}: {exc}")
                     continue
-                size, sha = target.digest(path)
-            except OSError as exc:
-                problems.append(f"{document['location']}/{name}: {type(exc).__name__}: {exc}")
-                continue
             if sha != expected["sha256"]:
-                problems.append(f"{document['location']}/{name}: sha256 {sha[:12]}..., the manifest says "
+                problems.append(f"{document['location']}/{name}: its sha256 is not the manifest's "
                                 f"{expected['sha256'][:12]}...")
         return problems
