@@ -249,6 +249,6 @@ class ManifestCheckpoint(CheckpointStrategy):
                     problems.append(f"{document['location']}/{name}: {type(exc).__name__}: {exc}")
                     continue
             if sha != expected["sha256"]:
-                problems.append(f"{document['location']}/{name}: its sha256 is not the manifest's "
+                problems.append(f"{document['location']}/{name}: sha256 is not the manifest's "
                                 f"{expected['sha256'][:12]}...")
         return problems
