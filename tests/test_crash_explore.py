@@ -455,13 +455,9 @@ def test_a_mkdir_that_lost_the_race_for_the_directory_is_traced_too(tmp_path):
     assert seen == [("mkdir", "step_00000008")] * 3
 
 
-def test_the_reduction_never_merges_two_states_a_planted_bug_tells_apart(tmp_path):
-    """Every distinct crash state of a planted bug's save (its pointer durable before its shards:
-    SILENT, LOUD and RECOVERED states), judged once with the reduction (states that answer every
-    look of a restore alike share its restart) and once restoring each for real: the same verdict,
-    state by state."""
-    case = case_from(strategy="tests.strategies_under_test:PointerBeforeDurableShards", expect="fails_loudly",
-                     workload={"steps": 12}, fault={"kind": "power_loss", "step": SAVE}, timeouts={"phase": 60})
+def _explored_with_and_without_reduction(case, tmp_path: Path) -> tuple[dict, dict]:
+    """The exploration reports of ``case`` with the reduction and restoring every state for real,
+    each having explored every distinct state."""
     reports = {}
     for reduce in (True, False):
         result = Harness(work_root=tmp_path / str(reduce), keep=True, explore_restores=400,
@@ -469,6 +465,17 @@ def test_the_reduction_never_merges_two_states_a_planted_bug_tells_apart(tmp_pat
         reports[reduce] = json.loads((result.work_dir / "exploration.json").read_text())
     reduced, full = reports[True], reports[False]
     assert reduced["enumerated"] == full["enumerated"] == full["restores"], (reduced["too_large"], full["too_large"])
+    return reduced, full
+
+
+def test_the_reduction_never_merges_two_states_a_planted_bug_tells_apart(tmp_path):
+    """Every distinct crash state of a planted bug's save (its pointer durable before its shards:
+    SILENT, LOUD and RECOVERED states), judged once with the reduction (states that answer every
+    look of a restore alike share its restart) and once restoring each for real: the same verdict,
+    state by state."""
+    case = case_from(strategy="tests.strategies_under_test:PointerBeforeDurableShards", expect="fails_loudly",
+                     workload={"steps": 12}, fault={"kind": "power_loss", "step": SAVE}, timeouts={"phase": 60})
+    reduced, full = _explored_with_and_without_reduction(case, tmp_path)
     assert reduced["stood_in"] > 0 and full["stood_in"] == 0
     by_state = {(s["digest"], json.dumps(s["point"]["cuts"])): s["verdict"] for s in full["states"]}
     merged = {(s["digest"], json.dumps(s["point"]["cuts"])): s["verdict"] for s in reduced["states"]}
@@ -485,13 +492,7 @@ def test_a_manifest_compares_so_damaged_files_share_a_restore_yet_no_two_states_
     fall back to step 4."""
     case = case_from(strategy={"name": "manifest", "options": {"inner": "torch.per_rank"}}, expect="recovers",
                      workload={"steps": 12}, fault={"kind": "power_loss", "step": SAVE}, timeouts={"phase": 60})
-    reports = {}
-    for reduce in (True, False):
-        result = Harness(work_root=tmp_path / str(reduce), keep=True, explore_restores=400,
-                         explore_reduce=reduce).run(case)
-        reports[reduce] = json.loads((result.work_dir / "exploration.json").read_text())
-    reduced, full = reports[True], reports[False]
-    assert reduced["enumerated"] == full["enumerated"] == full["restores"], (reduced["too_large"], full["too_large"])
+    reduced, full = _explored_with_and_without_reduction(case, tmp_path)
     assert reduced["stood_in"] > full["stood_in"] == 0
     # by crash point, not digest: the manifest's temporary file is named after the writing pid
     outcome, merged = ({re.sub(r"\.\d+\.tmp", ".tmp", json.dumps(s["point"], sort_keys=True)):
