@@ -43,3 +43,22 @@ def test_a_lost_node_takes_the_memory_tier_and_every_rank_restores_storage(tmp_p
                       workload=KILLED["workload"], fault={"kind": "node_loss", "rank": 0, "step": 10, "phase": "train"})
     assert result.verdict.kind is VerdictKind.RECOVERED, result.verdict.findings
     assert result.restored_from == "storage" and result.storage_bytes_read > 0
+
+
+def test_node_agents_end_with_the_job_and_are_replaced_only_where_another_launch_follows(tmp_path):
+    """Real agent processes (the planted two-tier checkpoint's): after a completed launch they end,
+    and new ones start only where another launch follows (an explorer's power cut takes them)."""
+    from resilience.core.records import PhaseStatus
+    from resilience.run.node_agents import NodeAgents
+
+    agents = NodeAgents("resilience.planted.memory_agent", tmp_path / "agents", (0,), {})
+    try:
+        agents.start()
+        first = agents.processes[0]
+        agents.after_launch(PhaseStatus.COMPLETED)
+        second = agents.processes[0]
+        assert first.poll() is not None and second.poll() is None  # the job ended; the next job's agent serves
+        agents.after_launch(PhaseStatus.COMPLETED, another=False)
+        assert not agents.processes and second.poll() is not None
+    finally:
+        agents.stop()
