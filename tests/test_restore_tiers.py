@@ -60,5 +60,9 @@ def test_node_agents_end_with_the_job_and_are_replaced_only_where_another_launch
         assert first.poll() is not None and second.poll() is None  # the job ended; the next job's agent serves
         agents.after_launch(PhaseStatus.COMPLETED, another=False)
         assert not agents.processes and second.poll() is not None
+        agents.start()
+        third = agents.processes[0]
+        agents.after_launch(PhaseStatus.FAILED, another=False)  # a failure's duties done, nothing replaces it
+        assert not agents.processes and third.poll() is not None
     finally:
         agents.stop()

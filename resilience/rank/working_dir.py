@@ -38,8 +38,8 @@ OBSERVED_HOW = {"os.listdir": ("list",), "os.scandir": ("scan",), "os.rename": (
                 "os.remove": ("kind",), "os.rmdir": ("change",), "os.mkdir": ("kind",), "shutil.rmtree": ("tree",),
                 "os.truncate": ("kind",), "os.link": ("read", "kind"), "os.symlink": ("kind", "kind"),
                 "shutil.copyfile": ("read", "kind"), "os.chmod": ("kind",), "os.utime": ("kind",)}
-_REPLACING = os.O_TRUNC | os.O_EXCL  # an open that reads nothing of what was there: its kind only
-_CREATE_OR_TRUNCATE = os.O_CREAT | os.O_TRUNC  # ... and needs only that no directory is in the way
+_CREATE_OR_TRUNCATE = os.O_CREAT | os.O_TRUNC  # an open that reads nothing of what was there, and fails
+# only where a directory is in the way (an exclusive create or a bare truncation: where a file is, or is not)
 _UNAUDITED = {name: getattr(os, name) for name in ("stat", "lstat", "access")}  # as Python started them
 
 
@@ -76,20 +76,21 @@ class _Watch:
     @classmethod
     def _observe(cls, event: str, args: tuple[Any, ...]) -> None:
         if event == "open":
-            mode, flags = (args + (None, 0))[1:3]
-            mode, flags = mode or "", flags or 0
-            if "w" in mode or flags & _CREATE_OR_TRUNCATE == _CREATE_OR_TRUNCATE and not flags & os.O_EXCL:
-                cls.replaced(args[0])  # the one thing that can fail it: a directory in the way
-                return
-            writes = "x" in mode or bool(flags & _REPLACING)  # fails if it exists, or if it does not
-            hows = ("kind" if writes else "read",)
-        else:
-            hows = OBSERVED_HOW[event]
-        for target, how in zip(args, hows, strict=False):
+            cls._observe_open(*(args + (None, 0))[:3])
+            return
+        for target, how in zip(args, OBSERVED_HOW[event], strict=False):
             if isinstance(target, (str, bytes, os.PathLike)):  # not a descriptor: seen when it was opened
                 cls.note(target, how)
-        if event == "open" and flags & os.O_TRUNC:
-            cls.replaced(args[0], "kind")
+
+    @classmethod
+    def _observe_open(cls, target: Any, mode: str | None, flags: int | None) -> None:
+        mode, flags = mode or "", flags or 0
+        if "w" in mode or (flags & _CREATE_OR_TRUNCATE == _CREATE_OR_TRUNCATE and not flags & os.O_EXCL):
+            cls.replaced(target)  # the one thing that can fail it: a directory in the way
+        elif flags & os.O_TRUNC:
+            cls.replaced(target, "kind")  # it fails where the file is missing (or, exclusive, where it is not)
+        elif isinstance(target, (str, bytes, os.PathLike)):  # not a descriptor: seen when it was opened
+            cls.note(target, "kind" if "x" in mode or flags & os.O_EXCL else "read")
 
     @classmethod
     def replaced(cls, target: Any, how: str = "dir") -> None:

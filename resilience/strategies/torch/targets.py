@@ -107,18 +107,7 @@ class DirectoryTarget(CheckpointTarget):
         return [p.name for p in directory.iterdir()] if directory.is_dir() else []
 
     def files_under(self, location):
-        found: list[str] = []
-
-        def walk(directory: str, prefix: str) -> None:
-            for name in os.listdir(directory):  # names and kinds, not sizes: what a restore's own save needs
-                path = os.path.join(directory, name)
-                if os.path.isdir(path):
-                    walk(path, f"{prefix}{name}/")
-                elif os.path.isfile(path):
-                    found.append(prefix + name)
-
-        walk(os.fspath(location), "")
-        return sorted(found)
+        return sorted(p.relative_to(location).as_posix() for p in Path(location).rglob("*") if p.is_file())
 
     def make_directory(self, location):
         Path(location).mkdir(parents=True, exist_ok=True)
