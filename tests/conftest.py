@@ -1,4 +1,3 @@
-import atexit
 import os
 import shutil
 import tempfile
@@ -12,13 +11,6 @@ from .harness_helpers import REFERENCE_CACHE_ENV
 
 REFERENCE_CACHE = pytest.StashKey[str]()  # the run's reference cache, on the configs that made it
 WORKER_INPUT_KEY = "resilience_reference_cache"
-
-if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-    # torch 2.13.0 makes its compile cache directory ($TMPDIR/torchinductor_<user>) when
-    # torch._dynamo loads (megatron-core's import in a test process does) and never removes it
-    _compile_cache = tempfile.mkdtemp(prefix="resilience-tests-compile-cache-")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _compile_cache
-    atexit.register(shutil.rmtree, _compile_cache, True)
 
 
 def pytest_configure(config):

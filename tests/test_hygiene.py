@@ -106,7 +106,7 @@ class Run:
         env = dict(os.environ, TMPDIR=str(self.tmp), RESILIENCE_CACHE=str(root / "cache"),
                    PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), **{MARKER: self.token})
         env.pop("CI", None)  # the inner run's verdicts do not matter here
-        env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # set by conftest for this process: the inner run places its own
+        env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # set for this run: the inner run places its own
         self.log = open(root / "pytest.log", "wb")  # closed in stop
         pytest_arguments = ["-p", "no:cacheprovider", "-q", f"--basetemp={root / 'basetemp'}"]
         arguments = (["-m", "pytest", str(scenario_file), *pytest_arguments] if command == "pytest"
@@ -358,3 +358,40 @@ def test_janitor_frees_what_a_killed_process_registered_and_not_what_it_released
         except ProcessLookupError:
             pass
 
+
+
+COMPILE_CACHE_RUN = """\
+import os, subprocess, sys
+from resilience.core import compile_cache
+compile_cache.keep_in_this_run()
+compile_cache.keep_in_this_run()  # a second call changes nothing
+print(os.environ["TORCHINDUCTOR_CACHE_DIR"], flush=True)
+# a process the run starts (a rank, an agent, a script) loads torch._dynamo, as DeepSpeed's import does
+subprocess.run([sys.executable, "-c", "import torch._dynamo"], check=True, timeout=120)
+print(sorted(os.listdir(os.environ["TMPDIR"])), flush=True)
+"""
+
+
+def test_torchs_compile_cache_lives_and_goes_with_the_run(tmp_path):
+    """torch 2.13.0 makes $TMPDIR/torchinductor_<user> when torch._dynamo loads and never removes it;
+    the run's processes put it in a directory of the run, gone when the run exits."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {key: value for key, value in os.environ.items() if key != "TORCHINDUCTOR_CACHE_DIR"}
+    env.update(TMPDIR=str(tmp), PYTHONPATH=str(REPO))
+    plain = subprocess.run([sys.executable, "-c", "import torch._dynamo"], env=env, capture_output=True, text=True,
+                           timeout=120, check=True)
+    assert [path.name for path in tmp.iterdir()] == [f"torchinductor_{_user()}"], plain
+    shutil.rmtree(tmp / f"torchinductor_{_user()}")
+    done = subprocess.run([sys.executable, "-c", COMPILE_CACHE_RUN], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=180, check=True)
+    cache, listed = done.stdout.splitlines()
+    assert Path(cache).parent == tmp and Path(cache).name.startswith("resilience-compile-cache-")
+    assert listed == repr([Path(cache).name])  # the child used the run's directory, made nothing beside it
+    assert list(tmp.iterdir()) == []  # and the run's exit removed it
+
+
+def _user() -> str:
+    import getpass
+
+    return getpass.getuser()

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..core import registry
+from ..core import compile_cache, registry
 from ..core.interrupts import SIGTERM_EXIT_STATUS, Terminated, end_like_ctrl_c_on_sigterm
 from ..launch.backend import BACKENDS, DEFAULT_BACKEND
 from ..run.blackbox import run_script_case
@@ -107,6 +107,8 @@ def _main(argv: list[str] | None) -> int:
     repeat.add_arguments(repeat_parser)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.command != "list":
+        compile_cache.keep_in_this_run()  # before any process the command starts
     if args.command == "qualify":
         return qualify.main(args)
     if args.command == "verify":

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from ..core import compile_cache
 from ..core.case import Case
 from ..core.interrupts import end_like_ctrl_c_on_sigterm
 from ..core.records import CaseResult
@@ -38,6 +39,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     end_like_ctrl_c_on_sigterm()  # a CI time limit's SIGTERM tears a case down as Ctrl-C does
+    compile_cache.keep_in_this_run()  # xdist's workers, started after this, inherit it
     config.addinivalue_line("markers", "smoke: the scenario's CI tier (tier: smoke)")
     config.addinivalue_line("markers", "deep: a costly case (tier: deep), run only when -m names it: -m deep")
     config.addinivalue_line("markers", "scenario: a case from a resilience scenario file")

@@ -12,13 +12,6 @@ import os
 
 os.environ.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
                    "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"})
-if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-    # torch makes its compiler cache directory as soon as torch._dynamo loads (DeepSpeed's import
-    # does: a torch.compile decorator), by default /tmp/torchinductor_<user>, and never removes
-    # it; in the server's own multiprocessing directory it goes when the server exits
-    from multiprocessing import util
-
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(util.get_temp_dir(), "torchinductor")
 
 import torch
 import torch.distributed

@@ -7,9 +7,10 @@ first rank failure (as torchrun does) and on any exception in the harness itself
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
-from ..core import janitor, registry
+from ..core import compile_cache, janitor, registry
 from ..core.case import Case
 from ..core.plan import PhasePlan
 from ..core.records import CaseResult, PhaseResult
@@ -31,6 +32,7 @@ class Harness:
                  cache: ReferenceCache | None = None, explore_profile: str | None = None,
                  explore_restores: int | None = None, explore_warm: bool = True, explore_reduce: bool = True,
                  object_store=None):
+        compile_cache.keep_in_this_run()  # before the first process this harness starts
         self.object_store = object_store
         self.backend = backend or BACKENDS[DEFAULT_BACKEND]()
         self.work_root, self.keep, self.cache = work_root, keep, cache
@@ -38,6 +40,12 @@ class Harness:
         self.explore_profile, self.explore_restores = explore_profile, explore_restores
         self.explore_warm = explore_warm  # False: every crash state restored by fresh ranks
         self.explore_reduce = explore_reduce  # False: no state judged with another's restore (run.explore_reduction)
+
+    def with_backend(self, backend: ProcessBackend) -> Harness:
+        """The same harness (work root, cache, exploration settings) starting ranks with ``backend``."""
+        other = copy.copy(self)
+        other.backend = backend
+        return other
 
     def run(self, case: Case) -> CaseResult:
         missing = registry.resolve("strategy", case.strategy.name).missing_for(case.strategy.options)
