@@ -51,6 +51,11 @@ def _fresh_reference(request):
     yield
 
 
+def _minutes_first(item) -> float:
+    marker = item.get_closest_marker("minutes")
+    return -marker.args[0] if marker else 0.0
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
@@ -58,8 +63,11 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` run only where CUDA is available; elsewhere they are deselected (counted
-    as deselected, never as skipped), so a CPU machine's CI=true run stays honest and green."""
+    """Tests marked ``minutes(N)`` go first, longest first (xdist hands out tests in collection order,
+    so a test of several minutes that came last would leave one worker running it alone). Tests marked ``gpu``
+    run only where CUDA is available; elsewhere they are deselected (counted as deselected, never as
+    skipped), so a CPU machine's CI=true run stays honest and green."""
+    items.sort(key=_minutes_first)  # stable: the rest keep their order
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_tests:
         return

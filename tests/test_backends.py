@@ -1,6 +1,7 @@
 """The fork backend (ranks forked from a server with torch preloaded) gives the same verdicts as the
-spawn backend, forks only from a single-threaded server, and leaves no rank behind; the reference
-cache runs a reference once and keys it on what defines it."""
+spawn backend (here for two cases; the whole smoke tier in `tests/test_repeat.py`, whose rounds
+alternate the backends), forks only from a single-threaded server, and leaves no rank behind; the
+reference cache runs a reference once and keys it on what defines it."""
 from __future__ import annotations
 
 import os
@@ -76,29 +77,6 @@ def test_topology_change_uses_cached_snapshots(tmp_path):
         result = harness.run(case)
         assert result.verdict.kind is VerdictKind.RECOVERED, result.verdict.findings
         assert [p.name for p in result.phases][-1] == "continuation"
-
-
-def test_shipped_smoke_tier_gives_identical_verdicts_under_both_backends(tmp_path):
-    from pathlib import Path
-
-    from resilience.scenario.loader import load_file
-
-    root = Path(__file__).resolve().parent.parent / "scenarios"
-    cases = [c for f in sorted(root.glob("*.scenario.yaml")) for c in load_file(f).cases if c.tier == "smoke"]
-    assert len(cases) >= 8
-    cache = ReferenceCache(tmp_path / "cache")
-    by_backend, findings = {}, {}
-    for name in ("fork", "spawn"):
-        harness = Harness(backend=BACKENDS[name](), work_root=tmp_path / name, cache=cache)
-        results = [harness.run(c) for c in cases]
-        by_backend[name] = [(c.source, c.id, r.verdict.kind) for c, r in zip(cases, results, strict=True)]
-        findings[name] = {c.id + " " + c.source: r.verdict.findings for c, r in zip(cases, results, strict=True)}
-    kinds = {name: {f"{c_id} {source}": kind for source, c_id, kind in rows} for name, rows in by_backend.items()}
-    differing = [f"{key}\n  fork:  {kinds['fork'][key].name} {findings['fork'][key]}"
-                 f"\n  spawn: {kinds['spawn'][key].name} {findings['spawn'][key]}"
-                 for key in findings["fork"] if kinds["fork"][key] != kinds["spawn"][key]]
-    if by_backend["fork"] != by_backend["spawn"]:
-        pytest.fail("the backends disagree; the evidence of each side, in full:\n" + "\n".join(differing))
 
 
 # the only places the code a rank runs may import the scenario package: validators, which run in

@@ -266,6 +266,7 @@ def test_ctrl_c_ends_a_run_with_one_line_and_leaves_nothing_behind(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.minutes(1.5)
 def test_a_script_that_is_not_reproducible_is_told_and_judged_within_an_envelope(tmp_path):
     """--loss-noise adds up to 1e-4 of noise from the operating system to each logged loss."""
     from resilience.core.directory_cache import DirectoryCache

@@ -124,6 +124,7 @@ def test_bisect_layers_the_release_over_the_case_or_the_restart():
 
 @needs_deepspeed
 @pytest.mark.slow
+@pytest.mark.minutes(2)
 def test_bisect_finds_where_deepspeed_restores_a_checkpoint_under_this_torch():
     """DeepSpeed before 0.16.0 loads its files with torch.load's default, which torch 2.6 made
     weights_only=True: a restart under 0.15.x of a checkpoint this environment saved fails loudly."""

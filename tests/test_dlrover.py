@@ -138,6 +138,7 @@ def test_damage_at_rest_waits_for_the_agents_persist_and_hides_behind_the_memory
 
 
 @pytest.mark.slow
+@pytest.mark.minutes(2)
 def test_a_power_cut_in_the_agents_persist_is_explored_whole_with_fresh_agents(tmp_path, dlrover_layered):
     """Node 0's agent traces its persists (stream 2, after the two ranks'); every crash state is
     restored by fresh ranks beside fresh agents (the cut took the memory). DLRover fsyncs the tracker

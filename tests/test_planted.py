@@ -39,6 +39,7 @@ def test_the_catalogue_plants_at_least_twelve_distinct_documented_bugs():
 
 
 @pytest.mark.slow
+@pytest.mark.minutes(3)
 def test_every_planted_bug_is_caught_and_every_control_passes(tmp_path):
     report = tmp_path / "planted.json"
     done = planted("--json", str(report), tmp_path=tmp_path)

@@ -1,5 +1,5 @@
-"""Repeatability: the same cases rerun give the same verdicts, and a case whose verdict changes
-between rounds is reported. Real ranks through `resilience repeat`."""
+"""Repeatability: the same cases rerun give the same verdicts, under either way of starting ranks,
+and a case whose verdict changes between rounds is reported. Real ranks through `resilience repeat`."""
 from __future__ import annotations
 
 import json
@@ -25,21 +25,27 @@ def repeat(*args: str, tmp_path: Path, extra_path: Path | None = None, env: dict
 
 def test_a_changed_observation_is_reported_with_every_round():
     same = Observation("RECOVERED", 8, "passed")
-    flaky = Repetition("a.scenario.yaml[x]", (same, Observation("SILENT", 8, "failed"), same))
-    text = summary([Repetition("a.scenario.yaml[y]", (same, same, same)), flaky], 3)
+    backends = ("fork", "spawn", "fork")
+    flaky = Repetition("a.scenario.yaml[x]", (same, Observation("SILENT", 8, "failed"), same), backends)
+    text = summary([Repetition("a.scenario.yaml[y]", (same, same, same), backends), flaky], 3)
     assert not flaky.stable
-    assert "CHANGED a.scenario.yaml[x]: RECOVERED step 8 passed | SILENT step 8 failed | RECOVERED" in text
+    assert ("CHANGED a.scenario.yaml[x]: RECOVERED step 8 passed (fork) | SILENT step 8 failed (spawn) | "
+            "RECOVERED step 8 passed (fork)") in text
     assert text.endswith("1/2 cases gave the same verdict in all 3 rounds; 1 changed")
 
 
 @pytest.mark.slow
-def test_the_smoke_tier_gives_identical_verdicts_in_three_rounds(tmp_path):
+@pytest.mark.minutes(7)
+def test_the_smoke_tier_gives_identical_verdicts_in_three_rounds_under_both_backends(tmp_path):
+    """Round 1 with a cold reference cache and forked ranks, round 2 with spawned ranks (each a fresh
+    interpreter importing torch and the library under test), round 3 forked again."""
     report = tmp_path / "repeat.json"
-    done = repeat("scenarios/", "--tier", "smoke", "--times", "3", "--json", str(report), tmp_path=tmp_path)
+    done = repeat("scenarios/", "--tier", "smoke", "--times", "3", "--backend", "fork", "--also-backend", "spawn",
+                  "--json", str(report), tmp_path=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     repetitions = json.loads(report.read_text())
     assert len(repetitions) >= 10 and all(r["stable"] for r in repetitions)
-    assert all(len(r["observations"]) == 3 for r in repetitions)
+    assert all(len(r["observations"]) == 3 and r["backends"] == ["fork", "spawn", "fork"] for r in repetitions)
     assert {o["status"] for r in repetitions for o in r["observations"]} <= {"passed", "xfailed"}
 
 
@@ -81,5 +87,6 @@ def test_a_flaky_strategy_is_reported_as_changed(tmp_path):
     done = repeat(str(scenario), "--times", "2", tmp_path=tmp_path, extra_path=module,
                   env={"FLAKY_COUNTER": str(counter)})
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "CHANGED" in done.stdout and "RECOVERED step 4 passed | SILENT step 4 failed" in done.stdout, done.stdout
+    assert "CHANGED" in done.stdout, done.stdout
+    assert "RECOVERED step 4 passed (fork) | SILENT step 4 failed (fork)" in done.stdout, done.stdout
     assert "0/1 cases gave the same verdict in all 2 rounds; 1 changed" in done.stdout

@@ -106,6 +106,7 @@ def test_a_later_launch_is_judged_from_the_job_s_steps_with_every_earlier_save_a
 
 
 @pytest.mark.slow
+@pytest.mark.minutes(1.5)
 def test_a_bug_only_a_second_resume_shows_passes_one_restart_and_is_caught_by_the_timeline(tmp_path):
     """gpt_trainer --stale-rng-after-resume saves the RNG states it loaded: the first resume is
     exact, so one restart accepts it; the third launch restores step 8 with step 4's streams."""

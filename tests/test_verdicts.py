@@ -14,15 +14,20 @@ KILL_RANK1_TORN = {"kind": "kill", "rank": 1, "step": 8, "point": "write", "file
 KILL_IN_TRAINING = {"kind": "kill", "rank": 1, "step": 6, "phase": "train"}
 
 
-@pytest.mark.parametrize("strategy, fault, workload, expected, evidence", [
+@pytest.mark.parametrize("strategy, fault, overrides, expected, evidence", [
     ("ForgetsOptimizer", KILL_IN_TRAINING, {}, VerdictKind.SILENT, "optimizer.state"),
-    ("RankZeroFileEverywhere", KILL_IN_TRAINING, {"rank_rng": "distinct"}, VerdictKind.SILENT, "rank 1: state"),
-    ("IgnoresTornSave", KILL_RANK1_TORN, {}, VerdictKind.SILENT, "ranks restored different steps"),
-    ("LoadsOldest", {**KILL_IN_TRAINING, "step": 10}, {"steps": 12}, VerdictKind.SILENT, "lost checkpoint"),
+    ("RankZeroFileEverywhere", KILL_IN_TRAINING, {"workload": {"rank_rng": "distinct"}}, VerdictKind.SILENT,
+     "rank 1: state"),
+    # the rank that swallowed its load error waits in a barrier the other never reaches: a short
+    # collective deadline ends the wait sooner; the verdict comes from the steps each rank restored
+    ("IgnoresTornSave", KILL_RANK1_TORN, {"timeouts": {"collective": 15}}, VerdictKind.SILENT,
+     "ranks restored different steps"),
+    ("LoadsOldest", {**KILL_IN_TRAINING, "step": 10}, {"workload": {"steps": 12}}, VerdictKind.SILENT,
+     "lost checkpoint"),
     ("SaveConsumesRandomness", {"kind": "none"}, {}, VerdictKind.SILENT, "first run"),
 ])
-def test_broken_strategy_is_caught(tmp_path, strategy, fault, workload, expected, evidence):
-    result = run_case(tmp_path, strategy=S + strategy, fault=fault, workload=workload)
+def test_broken_strategy_is_caught(tmp_path, strategy, fault, overrides, expected, evidence):
+    result = run_case(tmp_path, strategy=S + strategy, fault=fault, **overrides)
     assert result.verdict.kind is expected, result.verdict.findings
     assert any(evidence in finding for finding in result.verdict.findings), result.verdict.findings
     assert judge_case(result).status == "failed"  # the scenario expected recovers

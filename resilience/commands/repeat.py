@@ -1,8 +1,10 @@
 """`resilience repeat PATH... --times K`: run every case K times over, in rounds (the whole
 selection, then again), and report each case whose verdict, restored step or pass/fail changed
 between rounds. A verdict that depends on timing, leftovers of an earlier case, or a cold versus a
-warm reference cache shows up here as a flaky case. The exit status is 0 when every case gave the
-same result in every round.
+warm reference cache shows up here as a flaky case. With ``--also-backend`` the rounds alternate
+between the two ways of starting ranks (``--backend``'s first), so a verdict that depends on how
+ranks start shows up the same way. The exit status is 0 when every case gave the same result in
+every round.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from ..core.case import Case
 from ..errors import ResilienceError, Unavailable
+from ..launch.backend import BACKENDS
 from ..oracle.outcome import judge_case
 from ..run.harness import Harness
 
@@ -31,6 +34,7 @@ class Observation:
 class Repetition:
     case: str  # source[id]
     observations: tuple[Observation, ...]  # one per round
+    backends: tuple[str, ...]  # how each round started its ranks
 
     @property
     def stable(self) -> bool:
@@ -49,22 +53,28 @@ def observe(harness: Harness, case: Case) -> Observation:
     return Observation(result.verdict.kind.value, result.verdict.restored_step, judge_case(result).status)
 
 
-def repeat(harness: Harness, cases: list[Case], times: int, report: Callable[[str], None]) -> list[Repetition]:
+def repeat(harnesses: dict[str, Harness], cases: list[Case], times: int,
+           report: Callable[[str], None]) -> list[Repetition]:
+    """``times`` rounds over ``cases``, round k by the k-th harness of ``harnesses`` (by backend name,
+    in turn)."""
     rounds: list[list[Observation]] = []
-    for index in range(times):
+    backends = tuple(list(harnesses)[index % len(harnesses)] for index in range(times))
+    for index, backend in enumerate(backends):
         rounds.append([])
         for case in cases:
-            rounds[-1].append(observe(harness, case))
+            rounds[-1].append(observe(harnesses[backend], case))
             seen = rounds[-1][-1]
-            report(f"round {index + 1}/{times} {seen.status.upper():<7} {seen.verdict:<9} "
+            report(f"round {index + 1}/{times} ({backend}) {seen.status.upper():<7} {seen.verdict:<9} "
                    f"step {seen.restored_step} {case.source}[{case.id}]")
-    return [Repetition(f"{case.source}[{case.id}]", tuple(r[i] for r in rounds)) for i, case in enumerate(cases)]
+    return [Repetition(f"{case.source}[{case.id}]", tuple(r[i] for r in rounds), backends)
+            for i, case in enumerate(cases)]
 
 
 def summary(repetitions: list[Repetition], times: int) -> str:
     changed = [r for r in repetitions if not r.stable]
-    lines = [f"CHANGED {r.case}: " + " | ".join(f"{o.verdict} step {o.restored_step} {o.status}"
-                                                 for o in r.observations) for r in changed]
+    lines = [f"CHANGED {r.case}: " + " | ".join(f"{o.verdict} step {o.restored_step} {o.status} ({backend})"
+                                                 for o, backend in zip(r.observations, r.backends, strict=True))
+             for r in changed]
     lines.append(f"{len(repetitions) - len(changed)}/{len(repetitions)} cases gave the same verdict in all "
                  f"{times} rounds; {len(changed)} changed")
     return "\n".join(lines)
@@ -75,6 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tier", choices=("smoke", "full"), default=None,
                         help="only the cases of this tier (default: every case but the deep tier, which --deep adds)")
     parser.add_argument("--json", type=Path, help="also write every observation to this file")
+    parser.add_argument("--also-backend", choices=sorted(BACKENDS), default=None,
+                        help="alternate the rounds between --backend and this way of starting ranks")
 
 
 def select(cases: Iterable[Case], case_id: str | None, tier: str | None) -> list[Case]:
@@ -88,7 +100,11 @@ def main(args: argparse.Namespace, harness: Harness, cases: list[Case]) -> int:
     if not cases:
         print("ERROR no case selected", flush=True)
         return 2
-    repetitions = repeat(harness, cases, args.times, lambda line: print(line, flush=True))
+    if args.also_backend in (None, args.backend):
+        harnesses = {args.backend: harness}
+    else:
+        harnesses = {args.backend: harness, args.also_backend: harness.with_backend(BACKENDS[args.also_backend]())}
+    repetitions = repeat(harnesses, cases, args.times, lambda line: print(line, flush=True))
     print(summary(repetitions, args.times), flush=True)
     if args.json:
         args.json.write_text(json.dumps([asdict(r) | {"stable": r.stable} for r in repetitions], indent=1))
