@@ -12,12 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from resilience.core.case import VerdictKind
-from resilience.launch.backend import BACKENDS
+from resilience.core.case import Software, VerdictKind
+from resilience.launch.backend import BACKENDS, ForkServerBackend, backend_for_software
 from resilience.run.harness import Harness
 from resilience.run.reference_cache import ReferenceCache, reference_key
+from resilience.strategies.dlrover import PACKAGES as DLROVER
+from resilience.strategies.gemini import PACKAGES as GEMINI
+from resilience.strategies.torchtitan import PACKAGES as TORCHTITAN
 
-from .harness_helpers import case_from
+from .harness_helpers import case_from, layered_or_skip
 
 TORN = {"kind": "kill", "rank": 1, "step": 8, "point": "write", "file": "*_rank_1.pt", "after_bytes": 4096}
 IN_TRAINING = {"kind": "kill", "rank": 0, "step": 6, "phase": "train"}
@@ -27,6 +30,22 @@ def test_zygote_server_is_single_threaded_after_preload():
     code = "import resilience.rank.zygote as z; print(z.THREADS_AFTER_PRELOAD)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "1"
+
+
+@pytest.mark.parametrize("packages, library", [(DLROVER, "DLRover"), (GEMINI, "lm-resiliency"),
+                                               (TORCHTITAN, "torchtitan"), (("deepspeed==0.17.6",), "DeepSpeed")])
+def test_a_layered_server_preloads_the_layered_release_and_stays_single_threaded(packages, library):
+    """A server for ranks under layered packages imports what a forked rank of it would (the layers
+    first on its path, as `launch.forked` starts it) and is still single-threaded after it."""
+    layered_or_skip(packages, library)
+    software = Software(packages=packages)
+    backend = backend_for_software(software, "tests/generated.scenario.yaml", "software")
+    assert isinstance(backend, ForkServerBackend) and backend.layers
+    code = ("import importlib.metadata as m, resilience.rank.zygote as z, deepspeed; "
+            "print(z.THREADS_AFTER_PRELOAD, deepspeed.__version__ == m.version('deepspeed'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=True,
+                         env=dict(os.environ, PYTHONPATH=backend.python_path))
+    assert out.stdout.split()[-2:] == ["1", "True"], out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("fault, expected", [(TORN, VerdictKind.LOUD), (IN_TRAINING, VerdictKind.RECOVERED)])

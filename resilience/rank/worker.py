@@ -162,8 +162,11 @@ def _versions(layered: tuple[str, ...] = ()) -> dict[str, str | None]:
     for package in dict.fromkeys(distributions() + layered):
         if package == "torch":
             continue  # the imported one: a layered release may shadow the installed metadata
+        # a module loaded already (a forked rank's server preloads the stacks) says what runs,
+        # whatever metadata comes first on the path
+        loaded = getattr(sys.modules.get(package.replace("-", "_")), "__version__", None)
         try:
-            versions[package] = metadata.version(package)
+            versions[package] = str(loaded) if loaded is not None else metadata.version(package)
         except metadata.PackageNotFoundError:
             versions[package] = None
     return versions
