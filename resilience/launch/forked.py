@@ -54,7 +54,7 @@ class _ServerPopen(popen_forkserver.Popen):
     starts it) begins with the layers."""
 
     def _launch(self, process_obj):
-        server, layers = process_obj.server, process_obj.layers  # (the rank's import path is set from the data)
+        server, layers = process_obj.server, process_obj.layers
         real_preparation, real_connect = spawn.get_preparation_data, forkserver.connect_to_new_process
 
         def prepared(name):
@@ -66,10 +66,10 @@ class _ServerPopen(popen_forkserver.Popen):
             return data
 
         spawn.get_preparation_data = prepared
-        if server is not None:
-            _ensure_running(server, process_obj.python_path)
-            forkserver.connect_to_new_process = server.connect_to_new_process
         try:
+            if server is not None:
+                _ensure_running(server, process_obj.python_path)
+                forkserver.connect_to_new_process = server.connect_to_new_process
             super()._launch(process_obj)
         finally:
             spawn.get_preparation_data, forkserver.connect_to_new_process = real_preparation, real_connect
