@@ -8,6 +8,7 @@ it), interrupts it mid case, and then looks for what is left.
 """
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import secrets
@@ -359,7 +360,6 @@ def test_janitor_frees_what_a_killed_process_registered_and_not_what_it_released
             pass
 
 
-
 COMPILE_CACHE_RUN = """\
 import os, subprocess, sys
 from resilience.core import compile_cache
@@ -381,17 +381,11 @@ def test_torchs_compile_cache_lives_and_goes_with_the_run(tmp_path):
     env.update(TMPDIR=str(tmp), PYTHONPATH=str(REPO))
     plain = subprocess.run([sys.executable, "-c", "import torch._dynamo"], env=env, capture_output=True, text=True,
                            timeout=120, check=True)
-    assert [path.name for path in tmp.iterdir()] == [f"torchinductor_{_user()}"], plain
-    shutil.rmtree(tmp / f"torchinductor_{_user()}")
+    assert [path.name for path in tmp.iterdir()] == [f"torchinductor_{getpass.getuser()}"], plain
+    shutil.rmtree(tmp / f"torchinductor_{getpass.getuser()}")
     done = subprocess.run([sys.executable, "-c", COMPILE_CACHE_RUN], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=180, check=True)
     cache, listed = done.stdout.splitlines()
     assert Path(cache).parent == tmp and Path(cache).name.startswith("resilience-compile-cache-")
     assert listed == repr([Path(cache).name])  # the child used the run's directory, made nothing beside it
     assert list(tmp.iterdir()) == []  # and the run's exit removed it
-
-
-def _user() -> str:
-    import getpass
-
-    return getpass.getuser()

@@ -9,11 +9,10 @@ import sys
 from pathlib import Path
 
 from ..core.case import Case, Software
-from ..core.paths import PROJECT_ROOT
 from ..core.plan import PhasePlan
 from .forked import ForkServerBackend
 from .interpreters import Interpreter, for_software
-from .ranks import ProcessBackend, RankProcess, is_stopped, start_all
+from .ranks import ProcessBackend, RankProcess, is_stopped, rank_environment, start_all
 
 __all__ = ["BACKENDS", "DEFAULT_BACKEND", "ForkServerBackend", "PopenRank", "ProcessBackend", "RankProcess",
            "SpawnBackend", "backend_for_case", "backend_for_launch", "backend_for_software", "is_stopped",
@@ -73,20 +72,6 @@ class SpawnBackend(ProcessBackend):
         return PopenRank(rank, popen)
 
 
-def rank_environment(interpreter: Interpreter | None = None) -> dict[str, str]:
-    """Single-threaded, loopback-only ranks that import what the harness imports (a foreign
-    interpreter: only this project and the working directory, the rest from its own environment)."""
-    inherited = [p for p in sys.path if p] if interpreter is None or interpreter.inherit_path else []
-    prefix = list(interpreter.path_prefix) if interpreter else []
-    env = dict(os.environ)
-    env.update({
-        "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-        "GLOO_SOCKET_IFNAME": "lo", "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(prefix + [os.getcwd(), str(PROJECT_ROOT)] + inherited),
-    })
-    return env
-
-
 def backend_for_software(software: Software, scenario_source: str, key: str) -> ProcessBackend | None:
     """Ranks with packages layered over this environment are forked from a server of their own,
     which preloaded the layered releases; ranks under another interpreter are spawned. None: this
@@ -95,8 +80,7 @@ def backend_for_software(software: Software, scenario_source: str, key: str) -> 
     if interpreter is None:
         return None
     if interpreter.python == sys.executable and interpreter.inherit_path:
-        python_path = rank_environment(interpreter)["PYTHONPATH"]
-        return ForkServerBackend(layers=interpreter.path_prefix, python_path=python_path)
+        return ForkServerBackend(interpreter)
     return SpawnBackend(interpreter)
 
 

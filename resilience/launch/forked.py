@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from multiprocessing import context as mp_context
 from multiprocessing import forkserver, popen_forkserver, spawn, util
 from pathlib import Path
 
 from ..core import janitor
 from ..core.plan import PhasePlan
-from .ranks import ProcessBackend, RankProcess
+from .interpreters import Interpreter
+from .ranks import ProcessBackend, RankProcess, rank_environment
 
 PRELOAD = ["resilience.rank.zygote"]
 
@@ -130,19 +130,18 @@ def _forked_warm_rank(pool_dir: str, rank: int, world_size: int, python_path: st
 
 
 class ForkServerBackend(ProcessBackend):
-    """Ranks forked from a server that preloaded torch and the worker. ``layers``: directories of
-    packages layered over this environment, first on the ranks' import path (empty: this
-    environment, multiprocessing's own forkserver); ``python_path``: the ``PYTHONPATH`` such a rank
-    hands to the processes it starts."""
+    """Ranks forked from a server that preloaded torch and the worker. ``layered``: an interpreter
+    that is this one with packages layered first on its path (None: this environment,
+    multiprocessing's own forkserver); its ranks get the ``PYTHONPATH`` a spawned rank of it would
+    (`rank_environment`), for the processes they start."""
 
-    def __init__(self, layers: tuple[str, ...] = (), python_path: str | None = None):
+    def __init__(self, layered: Interpreter | None = None):
         import multiprocessing
 
-        if layers and python_path is None:
-            python_path = os.pathsep.join([*layers, *(path for path in sys.path if path)])
-        self.layers, self.python_path = layers, python_path
-        self._server = _layered_server(layers) if layers else None
-        if not layers:
+        self.layers = layered.path_prefix if layered else ()
+        self.python_path = rank_environment(layered)["PYTHONPATH"] if layered else None
+        self._server = _layered_server(self.layers) if layered else None
+        if not layered:
             multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
 
     def start_rank(self, plan: PhasePlan, plan_path: Path, rank: int) -> RankProcess:

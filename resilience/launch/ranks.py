@@ -1,18 +1,21 @@
-"""A live rank and the contract of whatever starts ranks (`ProcessBackend`): the harness only talks
-to these. The backends themselves: `launch.backend` (spawned ranks, and the choice of backend) and
-`launch.forked` (ranks forked from a server with torch preloaded)."""
+"""A live rank, the contract of whatever starts ranks (`ProcessBackend`) and the environment a
+rank starts in (`rank_environment`): the harness only talks to these. The backends themselves:
+`launch.backend` (spawned ranks, and the choice of backend) and `launch.forked` (ranks forked from
+a server with torch preloaded)."""
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 
 from ..core import janitor
-from ..core.paths import rank_temp_dir
+from ..core.paths import PROJECT_ROOT, rank_temp_dir
 from ..core.plan import PhasePlan
 from ..core.processes import process_state
+from .interpreters import Interpreter
 
 
 class RankProcess(ABC):
@@ -97,3 +100,17 @@ class ProcessBackend(ABC):
     @abstractmethod
     def start_warm_rank(self, pool_dir: Path, rank: int, world_size: int) -> RankProcess:
         """Start one warm rank."""
+
+
+def rank_environment(interpreter: Interpreter | None = None) -> dict[str, str]:
+    """Single-threaded, loopback-only ranks that import what the harness imports (a foreign
+    interpreter: only this project and the working directory, the rest from its own environment)."""
+    inherited = [p for p in sys.path if p] if interpreter is None or interpreter.inherit_path else []
+    prefix = list(interpreter.path_prefix) if interpreter else []
+    env = dict(os.environ)
+    env.update({
+        "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": "lo", "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(prefix + [os.getcwd(), str(PROJECT_ROOT)] + inherited),
+    })
+    return env
