@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import os
 import signal
-from multiprocessing import context as mp_context
-from multiprocessing import forkserver, popen_forkserver, spawn, util
+from functools import partial
+from multiprocessing import forkserver
 from pathlib import Path
 
-from ..core import janitor
 from ..core.plan import PhasePlan
+from .fork_server import ServerProcess, new_server
 from .interpreters import Interpreter
 from .ranks import ProcessBackend, RankProcess, rank_environment
 
@@ -44,70 +44,6 @@ class _ForkedRank(RankProcess):
         if self._process.exitcode is not None:
             self._process.close()
         self._untrack()
-
-
-class _ServerPopen(popen_forkserver.Popen):
-    """Launches a rank from its server without re-running the harness's ``__main__`` in it: ranks
-    need only ``resilience.rank.zygote`` (already in the server), and a main script without an
-    ``if __name__ == "__main__"`` guard, or a ``<stdin>`` one, must not break or re-run in them.
-    A layered rank's server is its own, and its import path (the server's too, when this launch
-    starts it) begins with the layers."""
-
-    def _launch(self, process_obj):
-        server, layers = process_obj.server, process_obj.layers
-        real_preparation, real_connect = spawn.get_preparation_data, forkserver.connect_to_new_process
-
-        def prepared(name):
-            data = real_preparation(name)
-            data.pop("init_main_from_path", None)
-            data.pop("init_main_from_name", None)
-            if layers:
-                data["sys_path"] = [*layers, *data["sys_path"]]
-            return data
-
-        spawn.get_preparation_data = prepared
-        try:
-            if server is not None:
-                _ensure_running(server, process_obj.python_path)
-                forkserver.connect_to_new_process = server.connect_to_new_process
-            super()._launch(process_obj)
-        finally:
-            spawn.get_preparation_data, forkserver.connect_to_new_process = real_preparation, real_connect
-
-
-def _ensure_running(server: forkserver.ForkServer, python_path: str) -> None:
-    """Start a layered server with the layers on its import path. multiprocessing's server takes
-    its path from its environment (Python 3.11's forkserver ignores the path it is handed), so the
-    environment it inherits carries ``python_path`` while it starts."""
-    before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = python_path
-    try:
-        server.ensure_running()
-    finally:
-        if before is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = before
-
-
-class _RankProcess(mp_context.ForkServerProcess):
-    """A rank as multiprocessing starts it. ``server``: a layered server (None: multiprocessing's
-    own), never sent to the rank; ``layers``: what goes first on the rank's import path;
-    ``python_path``: the layered server's and its ranks' ``PYTHONPATH``."""
-
-    def __init__(self, *args, server: forkserver.ForkServer | None = None, layers: tuple[str, ...] = (),
-                 python_path: str | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.server, self.layers, self.python_path = server, layers, python_path
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["server"] = None  # holds a lock; the rank has no use for it
-        return state
-
-    @staticmethod
-    def _Popen(process_obj):
-        return _ServerPopen(process_obj)
 
 
 def _forked_rank(plan_path: str, rank: int, out_path: str, err_path: str, python_path: str | None) -> None:
@@ -141,6 +77,8 @@ class ForkServerBackend(ProcessBackend):
         self.layers = layered.path_prefix if layered else ()
         self.python_path = rank_environment(layered)["PYTHONPATH"] if layered else None
         self._server = _layered_server(self.layers) if layered else None
+        # the layered server's import path is the ranks' own (it preloads the layered releases)
+        self._server_environment = {"PYTHONPATH": self.python_path} if layered else None
         if not layered:
             multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
 
@@ -153,10 +91,10 @@ class ForkServerBackend(ProcessBackend):
         return self._start(_forked_warm_rank, f"warm{rank}", rank, (str(pool_dir), rank, world_size, self.python_path))
 
     def _start(self, target, name: str, rank: int, args: tuple) -> RankProcess:
-        process = _RankProcess(target=target, name=name, args=args, server=self._server, layers=self.layers,
-                               python_path=self.python_path)
+        process = ServerProcess(target=target, name=name, args=args, server=self._server,
+                                prepare=partial(_layers_first, self.layers) if self.layers else None,
+                                server_environment=self._server_environment)
         process.start()
-        _track_socket_dir()
         return _ForkedRank(rank, process)
 
 
@@ -167,20 +105,11 @@ def _layered_server(layers: tuple[str, ...]) -> forkserver.ForkServer:
     """The server of ranks with ``layers``: one per harness process, started by its first rank,
     ending, as multiprocessing's own, once this process and every rank it forked are gone."""
     if layers not in _layered_servers:
-        server = forkserver.ForkServer()
-        server.set_forkserver_preload(PRELOAD)
-        _layered_servers[layers] = server
+        _layered_servers[layers] = new_server(PRELOAD)
     return _layered_servers[layers]
 
 
-def _track_socket_dir() -> None:
-    """The ``pymp-*`` directory holding the servers' sockets: multiprocessing removes it at a
-    normal exit of this process, the janitor when this process is killed. The janitor reads the
-    pipe's end of file only once this process is gone, so the two never race."""
-    global _socket_dir_tracked
-    if not _socket_dir_tracked:
-        janitor.register("dir", util.get_temp_dir())
-        _socket_dir_tracked = True
-
-
-_socket_dir_tracked = False
+def _layers_first(layers: tuple[str, ...], data: dict) -> dict:
+    """A layered rank's import path begins with the layers."""
+    data["sys_path"] = [*layers, *data["sys_path"]]
+    return data

@@ -14,6 +14,7 @@ from ..core.events import read_events
 from ..core.janitor import kill_group, signal_process
 from ..core.processes import process_state
 from ..launch.backend import is_stopped
+from ..launch.warm_agent import start_launcher
 from .supervisor import RankGroup
 
 
@@ -30,9 +31,7 @@ class AgentLaunch(RankGroup):
     def __init__(self, command: list[str], env: dict[str, str], log_path: Path,
                  event_files: Callable[[], Iterable[Path]], marker: str):
         self.event_files, self.marker = event_files, marker
-        with open(log_path, "wb") as log:
-            self.launcher = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                             env=env, start_new_session=True)
+        self.launcher = start_launcher(command, env, log_path)
         janitor.register("pgid", self.launcher.pid)  # the ranks lead their own sessions: see destroy
 
     def poll(self) -> list[int | None]:
@@ -57,6 +56,7 @@ class AgentLaunch(RankGroup):
     def destroy(self) -> None:
         ranks = self.live_ranks()  # while the agent lives: ours are its descendants
         kill_group(self.launcher.pid)
+        self.launcher.kill()  # a warm agent killed before its setsid is in no group of its own yet
         try:
             self.launcher.wait(timeout=30)
         except subprocess.TimeoutExpired:  # uninterruptible IO: the kernel reaps it later

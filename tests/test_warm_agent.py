@@ -1,0 +1,106 @@
+"""torchrun's agent forked warm (resilience/launch/warm_agent.py): a launch behaves as
+``python -m torch.distributed.run`` started fresh would, and ends as one does."""
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from resilience.core.janitor import kill_group
+from resilience.launch.warm_agent import start_launcher
+from resilience.run.agent_launch import descends_from
+
+from .procs import pids_naming
+
+pytestmark = pytest.mark.slow
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+SCRIPT = """\
+import os, sys
+print("rank", os.environ["RANK"], "sees", os.environ.get("ONLY_IN_LAUNCH"), os.environ.get("ONLY_IN_HARNESS"),
+      "cwd", os.getcwd(), "stdin", repr(sys.stdin.read()), flush=True)
+if os.environ.get("FAIL_RANK") == os.environ["RANK"]:
+    raise SystemExit(3)
+if os.environ.get("SLEEP"):
+    import time
+    time.sleep(600)
+"""
+
+
+def launch(tmp_path: Path, **extra: str):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    log = tmp_path / "agent.log"
+    env = {name: value for name, value in os.environ.items() if name != "ONLY_IN_HARNESS"}
+    env.update(ONLY_IN_LAUNCH="yes", **extra)
+    work = tmp_path / "work"
+    work.mkdir()
+    previous = os.getcwd()
+    os.chdir(work)  # the agent runs where the launch was made
+    try:
+        launcher = start_launcher([*TORCHRUN, str(script)], env, log)
+    finally:
+        os.chdir(previous)
+    return launcher, log, work
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.fixture
+def harness_only_variable(monkeypatch):
+    monkeypatch.setenv("ONLY_IN_HARNESS", "leaked")
+
+
+def test_a_warm_agent_runs_the_script_with_the_launch_s_environment_directory_and_output(
+        tmp_path, harness_only_variable):
+    launcher, log, work = launch(tmp_path)
+    assert parent_of(launcher.pid) != os.getpid()  # forked by the server, not started by us
+    assert launcher.wait(timeout=120) == 0, log.read_text()
+    lines = sorted(line for line in log.read_text().splitlines() if line.startswith("rank "))
+    assert lines == [f"rank {rank} sees yes None cwd {work} stdin ''" for rank in (0, 1)]
+
+
+def test_a_failing_rank_ends_the_warm_agent_as_torchrun_ends(tmp_path):
+    launcher, log, _ = launch(tmp_path, FAIL_RANK="1")
+    assert launcher.wait(timeout=120) == 1
+    assert "ChildFailedError" in log.read_text()  # torchrun's own report, as a fresh agent prints it
+
+
+def test_a_killed_warm_agent_is_reaped_and_its_ranks_are_found_below_it(tmp_path):
+    launcher, log, _ = launch(tmp_path, SLEEP="1")
+    script = tmp_path / "train.py"
+    deadline = time.monotonic() + 120
+    while len(pids_naming(script)) < 2:  # both ranks run the script
+        assert time.monotonic() < deadline and launcher.poll() is None, log.read_text()
+        time.sleep(0.1)
+    ranks = pids_naming(script)
+    try:
+        assert all(descends_from(pid, launcher.pid) for pid in ranks)  # how AgentLaunch finds its own
+        assert os.getpgid(launcher.pid) == launcher.pid  # a session of its own, as start_new_session gives
+        kill_group(launcher.pid)
+        launcher.kill()
+        assert launcher.wait(timeout=30) == -9
+        assert not Path(f"/proc/{launcher.pid}").exists()  # the server reaped it
+    finally:
+        for pid in ranks:  # torchrun's ranks lead sessions of their own: AgentLaunch.destroy ends them so
+            with contextlib.suppress(ProcessLookupError):
+                kill_group(os.getpgid(pid))
+    deadline = time.monotonic() + 30
+    while pids_naming(script) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pids_naming(script) == []
+
+
+def test_another_launcher_starts_as_a_fresh_process(tmp_path):
+    log = tmp_path / "other.log"
+    launcher = start_launcher(["sh", "-c", "echo $ONLY_IN_LAUNCH"], {"ONLY_IN_LAUNCH": "yes", "PATH": os.defpath}, log)
+    assert isinstance(launcher, subprocess.Popen)
+    assert launcher.wait(timeout=30) == 0
+    assert log.read_text() == "yes\n"
