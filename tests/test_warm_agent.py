@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from resilience.core.janitor import kill_group
-from resilience.launch.warm_agent import start_launcher
+from resilience.launch.warm_agent import MAX_SERVERS, start_launcher
 from resilience.run.agent_launch import descends_from
 
-from .procs import pids_naming
+from .procs import child_pids, pids_naming
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +33,7 @@ if os.environ.get("SLEEP"):
 
 
 def launch(tmp_path: Path, **extra: str):
+    tmp_path.mkdir(exist_ok=True)
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     log = tmp_path / "agent.log"
@@ -104,3 +105,16 @@ def test_another_launcher_starts_as_a_fresh_process(tmp_path):
     assert isinstance(launcher, subprocess.Popen)
     assert launcher.wait(timeout=30) == 0
     assert log.read_text() == "yes\n"
+
+
+def test_servers_beyond_the_limit_end_once_idle(tmp_path, monkeypatch):
+    """Each distinct start-up environment gets a server; the oldest idle one ends to make room."""
+    def our_agent_servers() -> list[int]:
+        return [pid for pid in child_pids(os.getpid())
+                if b"torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+    for index in range(MAX_SERVERS + 1):
+        monkeypatch.setenv("PYTHONPATH", str(tmp_path / f"layer{index}"))  # a new import path, a new server
+        launcher, log, _ = launch(tmp_path / f"launch{index}")
+        assert launcher.wait(timeout=120) == 0, log.read_text()
+        assert len(our_agent_servers()) <= MAX_SERVERS

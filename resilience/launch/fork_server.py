@@ -72,6 +72,13 @@ class _ServerPopen(popen_forkserver.Popen):
         _track_socket_dir()
 
 
+def stop_server(server: forkserver.ForkServer) -> None:
+    """End ``server`` and reap it: it exits at once when the pipe that tells it we are alive
+    closes (multiprocessing's own ``_stop``, which its tests use). Only for a server with no
+    process of its own still running: their exit status comes through it."""
+    server._stop()
+
+
 def _ensure_running(server: forkserver.ForkServer, environment: Mapping[str, str | None] | None) -> None:
     """Start ``server`` if it is not running, with ``environment`` set. multiprocessing starts it
     with this process's environment (Python 3.11's forkserver also ignores the import path it is

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from multiprocessing import forkserver
 from pathlib import Path
 
-from .fork_server import ServerProcess, new_server
+from .fork_server import ServerProcess, new_server, stop_server
 
 AGENT_MODULE = "torch.distributed.run"
 #: variables read as an interpreter starts or imports torch (Python's, the loader's, torch's own
@@ -56,12 +56,14 @@ class _WarmAgent(Launcher):
         # the server's start sets (or unsets) each import-time variable as the launch has it
         names = {name for name in {*env, *os.environ} if name.startswith(IMPORT_TIME)}
         import_time = {name: env.get(name) for name in sorted(names)}
+        key = tuple(import_time.items())
         self._process = ServerProcess(target=_run_agent, name="torchrun",
                                       args=(args, dict(env), os.getcwd(), str(log_path)),
-                                      server=_server(tuple(import_time.items())), prepare=_fresh_argv_and_path,
+                                      server=_server(key), prepare=_fresh_argv_and_path,
                                       server_environment=import_time)
         self._process.start()
         self.pid = self._process.pid
+        _agents[key] = [agent for agent in _agents.get(key, []) if agent.poll() is None] + [self]
 
     def poll(self) -> int | None:
         return self._process.exitcode
@@ -81,12 +83,24 @@ class _WarmAgent(Launcher):
                 pass
 
 
-_servers: dict[tuple, forkserver.ForkServer] = {}
+#: servers kept at once: each holds an interpreter with torch imported (about 220 MB); beyond this
+#: many, the least recently used one with no agent running ends
+MAX_SERVERS = 2
+_servers: dict[tuple, forkserver.ForkServer] = {}  # least recently used first
+_agents: dict[tuple, list[_WarmAgent]] = {}
 
 
 def _server(key: tuple) -> forkserver.ForkServer:
-    if key not in _servers:
-        _servers[key] = new_server([AGENT_MODULE])
+    if key in _servers:
+        _servers[key] = _servers.pop(key)
+        return _servers[key]
+    for other in list(_servers):
+        if len(_servers) < MAX_SERVERS:
+            break
+        if all(agent.poll() is not None for agent in _agents.get(other, [])):
+            stop_server(_servers.pop(other))
+            _agents.pop(other, None)
+    _servers[key] = new_server([AGENT_MODULE])
     return _servers[key]
 
 
