@@ -38,7 +38,8 @@ def launch(tmp_path: Path, **extra: str):
     script.write_text(SCRIPT)
     log = tmp_path / "agent.log"
     env = {name: value for name, value in os.environ.items() if name != "ONLY_IN_HARNESS"}
-    env.update(ONLY_IN_LAUNCH="yes", **extra)
+    (tmp_path / "tmp").mkdir()
+    env.update(ONLY_IN_LAUNCH="yes", TMPDIR=str(tmp_path / "tmp"), **extra)  # torchrun's log directory goes there
     work = tmp_path / "work"
     work.mkdir()
     previous = os.getcwd()
@@ -66,6 +67,7 @@ def test_a_warm_agent_runs_the_script_with_the_launch_s_environment_directory_an
     assert launcher.wait(timeout=120) == 0, log.read_text()
     lines = sorted(line for line in log.read_text().splitlines() if line.startswith("rank "))
     assert lines == [f"rank {rank} sees yes None cwd {work} stdin ''" for rank in (0, 1)]
+    assert list((tmp_path / "tmp").glob("torchelastic_*"))  # the launch's TMPDIR, not the server's
 
 
 def test_a_failing_rank_ends_the_warm_agent_as_torchrun_ends(tmp_path):
