@@ -11,6 +11,7 @@ from resilience.core.case import VerdictKind
 from resilience.core.elastic_layout import Incarnation
 from resilience.core.log_contract import ContractLine, parse_line
 from resilience.errors import ScenarioError
+from resilience.launch.warm_agent import live_agents
 from resilience.oracle.blackbox import RankLog, judge_logs
 from resilience.run.blackbox import BlackBoxJob, qualify_script
 from resilience.scenario.script_case import check_script_fault
@@ -26,6 +27,7 @@ def qualify(tmp_path, fault, *extra):
     result = qualify_script(job, fault, work_root=tmp_path)
     assert list(tmp_path.iterdir()) == [], "the run's directory was left behind"
     assert pids_naming(tmp_path) == [], "a rank or torchrun outlived the run"
+    assert live_agents() == [], "a warm torchrun agent outlived the run"
     return result
 
 

@@ -267,6 +267,7 @@ def test_a_partition_on_an_unmodified_script_moves_its_ranks_into_namespaces_and
     """Black-box mode: the startup hook puts each rank of the first launch in a namespace of its own
     and points the launcher's MASTER_ADDR at rank 0's; the group's store and gloo cross the bridge."""
     from resilience.core.events import read_events
+    from resilience.launch.warm_agent import live_agents
     from resilience.run.blackbox import BlackBoxJob, qualify_script
 
     from .procs import pids_naming
@@ -292,3 +293,4 @@ def test_a_partition_on_an_unmodified_script_moves_its_ranks_into_namespaces_and
     finally:
         shutil.rmtree(result.work_dir)
     assert pids_naming(tmp_path) == [], "a rank or torchrun outlived the run"
+    assert live_agents() == [], "a warm torchrun agent outlived the run"

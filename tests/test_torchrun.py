@@ -11,6 +11,7 @@ from resilience.commands.cli import main as cli_main
 from resilience.core import device
 from resilience.core.case import VerdictKind
 from resilience.errors import HarnessError
+from resilience.launch.warm_agent import live_agents
 from resilience.run.torchrun import (
     TorchrunIncompatible,
     TorchrunOptions,
@@ -29,6 +30,7 @@ def run_and_check_cleanup(tmp_path: Path, case, **options):
     result = run_case_under_torchrun(case, work_root=tmp_path, **options)
     assert list(tmp_path.iterdir()) == [], "the case directory (and torchrun's torchelastic_* in it) was left behind"
     assert pids_naming(tmp_path) == [], "a rank or torchrun outlived the case"
+    assert live_agents() == [], "a warm torchrun agent outlived the case"
     return result
 
 

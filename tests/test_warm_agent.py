@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from resilience.core.janitor import kill_group
-from resilience.launch.warm_agent import MAX_SERVERS, start_launcher
+from resilience.launch.warm_agent import MAX_SERVERS, live_agents, start_launcher
 from resilience.run.agent_launch import descends_from
 
 from .procs import child_pids, pids_naming
@@ -22,8 +22,9 @@ pytestmark = pytest.mark.slow
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 SCRIPT = """\
 import os, sys
-print("rank", os.environ["RANK"], "sees", os.environ.get("ONLY_IN_LAUNCH"), os.environ.get("ONLY_IN_HARNESS"),
-      "cwd", os.getcwd(), "stdin", repr(sys.stdin.read()), flush=True)
+line = " ".join(["rank", os.environ["RANK"], "sees", str(os.environ.get("ONLY_IN_LAUNCH")),
+                 str(os.environ.get("ONLY_IN_HARNESS")), "cwd", os.getcwd(), "stdin", repr(sys.stdin.read())])
+os.write(1, (line + "\\n").encode())  # one write: both ranks append to one log
 if os.environ.get("FAIL_RANK") == os.environ["RANK"]:
     raise SystemExit(3)
 if os.environ.get("SLEEP"):
@@ -115,8 +116,11 @@ def test_servers_beyond_the_limit_end_once_idle(tmp_path, monkeypatch):
         return [pid for pid in child_pids(os.getpid())
                 if b"torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
+    counts = []
     for index in range(MAX_SERVERS + 1):
         monkeypatch.setenv("PYTHONPATH", str(tmp_path / f"layer{index}"))  # a new import path, a new server
         launcher, log, _ = launch(tmp_path / f"launch{index}")
         assert launcher.wait(timeout=120) == 0, log.read_text()
-        assert len(our_agent_servers()) <= MAX_SERVERS
+        counts.append(len(our_agent_servers()))
+    assert max(counts) == MAX_SERVERS and counts[-1] == MAX_SERVERS, counts
+    assert live_agents() == []

@@ -6,12 +6,15 @@ started this way is a real process of its own, signalled and reaped like any.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from collections.abc import Callable, Mapping
 from multiprocessing import context as mp_context
 from multiprocessing import forkserver, popen_forkserver, spawn, util
 
 from ..core import janitor
+from ..core.waiting import wait_until
 
 #: edits the data a forked child applies before its target runs (import path, argv, working directory)
 Preparation = Callable[[dict], dict]
@@ -72,11 +75,22 @@ class _ServerPopen(popen_forkserver.Popen):
         _track_socket_dir()
 
 
-def stop_server(server: forkserver.ForkServer) -> None:
-    """End ``server`` and reap it: it exits at once when the pipe that tells it we are alive
-    closes (multiprocessing's own ``_stop``, which its tests use). Only for a server with no
-    process of its own still running: their exit status comes through it."""
-    server._stop()
+def stop_server(server: forkserver.ForkServer, deadline_s: float = 10.0) -> None:
+    """End ``server`` and reap it, as multiprocessing's own ``ForkServer._stop`` does, within a
+    deadline: it exits once every copy of the pipe that tells it we are alive is closed. Only for a
+    server with no process of its own still running: each holds a copy, and their exit status
+    comes through the server."""
+    alive, pid, address = server._forkserver_alive_fd, server._forkserver_pid, server._forkserver_address
+    if alive is None or pid is None:
+        return
+    os.close(alive)
+    server._forkserver_alive_fd = server._forkserver_pid = server._forkserver_address = None
+    if not wait_until(lambda: os.waitpid(pid, os.WNOHANG) != (0, 0), deadline_s, interval_s=0.01):
+        os.kill(pid, signal.SIGKILL)  # a copy of the pipe outlived its process somewhere
+        os.waitpid(pid, 0)
+    if address and not util.is_abstract_socket_namespace(address):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(address)
 
 
 def _ensure_running(server: forkserver.ForkServer, environment: Mapping[str, str | None] | None) -> None:

@@ -8,11 +8,13 @@ status 1 where ``main`` raises).
 What a fresh agent reads as it starts is the server's: a server per set of the variables read
 at interpreter start or import (``IMPORT_TIME``), started with the first such launch's
 environment; every other variable is read at run time, from the launch's own environment.
-A launch another way (another interpreter, through ``ip netns exec``, a spare's standby agent)
-starts a fresh process.
+A launch another way (another interpreter, through ``ip netns exec``, a spare's standby agent, or
+from a harness run with ``-E`` or ``-I``) starts a fresh process. Each agent holds its server's
+pipes; none passes to what the agent starts.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -26,7 +28,8 @@ from .fork_server import ServerProcess, new_server, stop_server
 AGENT_MODULE = "torch.distributed.run"
 #: variables read as an interpreter starts or imports torch (Python's, the loader's, torch's own
 #: and its loggers' level): agents differing in one come from different servers
-IMPORT_TIME = ("PYTHON", "LD_", "TORCH", "LOGLEVEL", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "MALLOC", "GLOG_")
+IMPORT_TIME = ("PYTHON", "LD_", "TORCH", "PYTORCH", "LOGLEVEL", "OMP_", "GOMP_", "MKL_", "KMP_", "OPENBLAS_",
+               "MALLOC", "GLOG_", "LANG", "LC_", "HOME")
 
 
 class Launcher:
@@ -45,7 +48,8 @@ def start_launcher(command: list[str], env: Mapping[str, str], log_path: Path) -
     """Start ``command`` in a session of its own, its output in ``log_path``: an agent of this
     interpreter's torchrun forked warm, anything else as a fresh process."""
     with open(log_path, "wb") as log:
-        if command[:3] != [sys.executable, "-m", AGENT_MODULE]:
+        # -E or -I: a server would not read the variables it is chosen by
+        if command[:3] != [sys.executable, "-m", AGENT_MODULE] or sys.flags.ignore_environment:
             return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     env=dict(env), start_new_session=True)
     return _WarmAgent(command[3:], env, log_path)
@@ -104,6 +108,12 @@ def _server(key: tuple) -> forkserver.ForkServer:
     return _servers[key]
 
 
+def live_agents() -> list[int]:
+    """The pids of the warm agents this process started that are still running (their command
+    line is their server's, not torchrun's: a search by command line does not find them)."""
+    return [agent.pid for agents in _agents.values() for agent in agents if agent.poll() is None]
+
+
 def _fresh_argv_and_path(data: dict) -> dict:
     """The agent keeps the import path its server's interpreter computed from the launch's
     environment (not this process's), and gets torchrun's argv in `_run_agent`."""
@@ -117,8 +127,14 @@ def _run_agent(args: list[str], env: dict[str, str], cwd: str, log_path: str) ->
     ``env``, its output in ``log_path``."""
     import tempfile
     import traceback
+    from multiprocessing import process
 
     os.setsid()
+    for fd in map(int, os.listdir("/proc/self/fd")):  # the server's pipes pass to nothing it starts
+        if fd > 2:
+            with contextlib.suppress(OSError):
+                os.set_inheritable(fd, False)
+    process.current_process()._config.pop("tempdir", None)  # multiprocessing's directory is its own
     nothing = os.open(os.devnull, os.O_RDONLY)  # stdin as `subprocess.DEVNULL` gives a fresh agent
     os.dup2(nothing, 0)
     os.close(nothing)
@@ -132,7 +148,8 @@ def _run_agent(args: list[str], env: dict[str, str], cwd: str, log_path: str) ->
     os.chdir(cwd)
     from torch.distributed import run
 
-    sys.path[0] = cwd  # as ``python -m`` puts it first
+    if sys.path and sys.path[0] == "":  # the server's ``-c``: ``python -m`` puts the directory there
+        sys.path[0] = cwd
     sys.argv = [run.__file__, *args]
     try:
         run.main(args)
