@@ -2,6 +2,7 @@
 `qualify`, run where asked (``-m deep``, ``--deep``, or a case named by its id)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,7 +38,7 @@ def test_pytest_deselects_the_deep_tier_unless_the_marker_is_named():
     def collected(*extra: str) -> str:
         done = subprocess.run([sys.executable, "-m", "pytest", str(SCENARIO), "--collect-only", "-q",
                                "-p", "no:cacheprovider", *extra], capture_output=True, text=True, cwd=ROOT,
-                              timeout=120)
+                              timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"})
         return done.stdout.strip().splitlines()[-1]
 
     cases = len(load_file(SCENARIO).cases)
