@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from resilience.core.janitor import kill_group
-from resilience.launch.warm_agent import MAX_SERVERS, live_agents, start_launcher
+from resilience.launch.warm_agent import MAX_SERVERS, in_a_node_namespace, live_agents, start_launcher
 from resilience.run.agent_launch import descends_from
 
 from .procs import child_pids, pids_naming
@@ -124,3 +125,18 @@ def test_servers_beyond_the_limit_end_once_idle(tmp_path, monkeypatch):
         counts.append(len(our_agent_servers()))
     assert max(counts) == MAX_SERVERS and counts[-1] == MAX_SERVERS, counts
     assert live_agents() == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2's ip")
+def test_a_node_s_driver_in_its_network_namespace_launches_fresh():
+    """A node loss kills a driver and its janitor at once: no server of theirs may outlive them."""
+    probe = "from resilience.launch.warm_agent import in_a_node_namespace as f; print(f())"
+    assert not in_a_node_namespace()
+    name = f"resilience-{os.getpid()}-warm-agent-test"
+    subprocess.run(["ip", "netns", "add", name], check=True, timeout=30)
+    try:
+        inside = subprocess.run(["ip", "netns", "exec", name, sys.executable, "-c", probe], capture_output=True,
+                                text=True, timeout=60, cwd=Path(__file__).resolve().parents[1])
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], check=True, timeout=30)
+    assert inside.stdout.strip() == "True", inside.stderr

@@ -8,8 +8,9 @@ status 1 where ``main`` raises).
 What a fresh agent reads as it starts is the server's: a server per set of the variables read
 at interpreter start or import (``IMPORT_TIME``), started with the first such launch's
 environment; every other variable is read at run time, from the launch's own environment.
-A launch another way (another interpreter, through ``ip netns exec``, a spare's standby agent, or
-from a harness run with ``-E`` or ``-I``) starts a fresh process. Each agent holds its server's
+A launch another way (another interpreter, through ``ip netns exec``, a spare's standby agent, from
+a node's driver in its network namespace, or from a harness run with ``-E`` or ``-I``) starts a
+fresh process. Each agent holds its server's
 pipes; none passes to what the agent starts.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Mapping
 from multiprocessing import forkserver
 from pathlib import Path
 
+from ..faults.network.netns import is_in_namespace, list_namespaces
 from .fork_server import ServerProcess, new_server, stop_server
 
 AGENT_MODULE = "torch.distributed.run"
@@ -49,10 +51,18 @@ def start_launcher(command: list[str], env: Mapping[str, str], log_path: Path) -
     interpreter's torchrun forked warm, anything else as a fresh process."""
     with open(log_path, "wb") as log:
         # -E or -I: a server would not read the variables it is chosen by
-        if command[:3] != [sys.executable, "-m", AGENT_MODULE] or sys.flags.ignore_environment:
+        if (command[:3] != [sys.executable, "-m", AGENT_MODULE] or sys.flags.ignore_environment
+                or in_a_node_namespace()):
             return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     env=dict(env), start_new_session=True)
     return _WarmAgent(command[3:], env, log_path)
+
+
+def in_a_node_namespace() -> bool:
+    """Whether this process runs in a named network namespace (``ip netns``): a node's driver, which
+    a node loss kills whole, its janitor included, so that a server's socket directory would
+    outlive it. Its launches stay fresh processes, as before."""
+    return any(is_in_namespace(name) for name in list_namespaces())
 
 
 class _WarmAgent(Launcher):
