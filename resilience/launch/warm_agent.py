@@ -10,8 +10,7 @@ at interpreter start or import (``IMPORT_TIME``), started with the first such la
 environment; every other variable is read at run time, from the launch's own environment.
 A launch another way (another interpreter, through ``ip netns exec``, a spare's standby agent, from
 a node's driver in its network namespace, or from a harness run with ``-E`` or ``-I``) starts a
-fresh process. Each agent holds its server's
-pipes; none passes to what the agent starts.
+fresh process. Each agent holds its server's pipes; none passes to what the agent starts.
 """
 from __future__ import annotations
 
@@ -24,6 +23,7 @@ from collections.abc import Mapping
 from multiprocessing import forkserver
 from pathlib import Path
 
+from ..core.janitor import signal_process
 from ..faults.network.netns import is_in_namespace, list_namespaces
 from .fork_server import ServerProcess, new_server, stop_server
 
@@ -91,10 +91,7 @@ class _WarmAgent(Launcher):
     def kill(self) -> None:
         """SIGKILL, as `subprocess.Popen.kill`: the agent is no child of ours, the server reaps it."""
         if self._process.exitcode is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            signal_process(self.pid, signal.SIGKILL)
 
 
 #: servers kept at once: each holds an interpreter with torch imported (about 220 MB); beyond this
