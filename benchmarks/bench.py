@@ -9,7 +9,8 @@
     path: throughput ratio, goal >= 0.9
 (c) randomly drawn kill cases ("fuzz examples") per minute: fork backend vs spawn backend
 (d) the shipped scenario suite with -n 2 vs serial, both with a warm reference cache (a first
-    -n 2 run fills it), and its seconds per case
+    -n 2 run fills it), its seconds per case, whether every case id got the same verdict in both
+    (pytest's junit XML), and how busy the serial run kept the cores (the floor of the ratio)
 (e) a DeepSpeed ZeRO-2 kill case end to end vs one cold `torchrun` launch of the same DeepSpeed
     training (where DeepSpeed is installed)
 (f) crash-state restores per second in warm ranks / in fresh forked ranks (the explorer's own
@@ -25,13 +26,13 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import re
 import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,15 +155,25 @@ def examples_per_minute(harness: Harness, examples: int, seed: int) -> float:
     return examples / elapsed * 60
 
 
-def suite_seconds(extra: list[str], cache: Path) -> tuple[float, int]:
-    """Wall time of the shipped suite, and how many cases it ran."""
-    command = [sys.executable, "-m", "pytest", str(ROOT / "scenarios"), "-q", "-p", "no:cacheprovider",
-               f"--resilience-cache={cache}", *extra]
-    done: list[subprocess.CompletedProcess] = []
-    elapsed = timed(lambda: done.append(subprocess.run(command, cwd=ROOT, capture_output=True, text=True)))
-    tail = done[0].stdout.strip().splitlines()[-1] if done[0].stdout.strip() else ""
-    cases = sum(int(n) for n, word in re.findall(r"(\d+) (passed|failed|xfailed|skipped|error)", tail))
-    return elapsed, cases
+def cpu_jiffies() -> tuple[int, int]:
+    """The machine's busy and total CPU time so far (all cores, /proc/stat's first line)."""
+    user, nice, system, idle, iowait, irq, softirq = map(int, Path("/proc/stat").read_text().split()[1:8])
+    return user + nice + system + irq + softirq, user + nice + system + idle + iowait + irq + softirq
+
+
+def suite_seconds(extra: list[str], cache: Path) -> tuple[float, dict[str, str]]:
+    """Wall time of the shipped suite, and each case's verdict by its id (from pytest's junit XML,
+    where the plugin records it as a property)."""
+    with tempfile.TemporaryDirectory(prefix="resilience-bench-junit-") as scratch:
+        junit = Path(scratch) / "suite.xml"
+        command = [sys.executable, "-m", "pytest", str(ROOT / "scenarios"), "-q", "-p", "no:cacheprovider",
+                   f"--resilience-cache={cache}", f"--junitxml={junit}", *extra]
+        elapsed = timed(lambda: subprocess.run(command, cwd=ROOT, capture_output=True, text=True))
+        verdicts = {}
+        for case in ET.parse(junit).getroot().iter("testcase"):
+            verdict = next((p.get("value") for p in case.iter("property") if p.get("name") == "verdict"), None)
+            verdicts[f"{case.get('classname')}::{case.get('name')}"] = verdict or "(no verdict: skipped or error)"
+    return elapsed, verdicts
 
 
 def bench_restores(cache: ReferenceCache, strategy: str = "torch.per_rank") -> tuple[float, float]:
@@ -202,11 +213,21 @@ def bench_restores(cache: ReferenceCache, strategy: str = "torch.per_rank") -> t
 
 def print_suite_ratio(cache_dir: Path) -> None:
     suite_seconds(["-n", "2"], cache_dir)  # fills the reference cache: both runs below find it warm
-    serial, cases = suite_seconds([], cache_dir)
-    parallel, _ = suite_seconds(["-n", "2"], cache_dir)
+    busy_before, total_before = cpu_jiffies()
+    serial, serial_verdicts = suite_seconds([], cache_dir)
+    busy_after, total_after = cpu_jiffies()
+    busy = (busy_after - busy_before) / max(total_after - total_before, 1)
+    parallel, parallel_verdicts = suite_seconds(["-n", "2"], cache_dir)
+    cases = len(serial_verdicts)
+    differ = sorted(case for case in serial_verdicts.keys() | parallel_verdicts.keys()
+                    if serial_verdicts.get(case) != parallel_verdicts.get(case))
     print(f"(d) shipped suite wall time, -n 2 / serial, warm reference cache: {parallel / serial:.2f} "
           f"(goal <= 0.6; {serial / max(cases, 1):.2f} s per case serial, {parallel / max(cases, 1):.2f} "
-          f"with -n 2, {cases} cases)", flush=True)
+          f"with -n 2, {cases} cases); verdicts differ for {len(differ)} case ids (goal 0); the serial "
+          f"run kept {busy:.2f} of the machine's {os.cpu_count()} cores busy, so -n 2 cannot go below "
+          f"{max(busy, 0.5):.2f} without less CPU per case", flush=True)
+    for case in differ:
+        print(f"    {case}: serial {serial_verdicts.get(case)}, -n 2 {parallel_verdicts.get(case)}", flush=True)
 
 
 def print_deepspeed_ratio(harness: Harness, repeats: int) -> None:
