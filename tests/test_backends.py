@@ -32,6 +32,21 @@ def test_zygote_server_is_single_threaded_after_preload():
     assert out.stdout.strip() == "1"
 
 
+def test_a_forked_rank_collects_only_what_it_created_itself():
+    """The server freezes what its preload created: a rank's garbage collection (a library's own
+    ``gc.collect()``, say) walks the objects the rank made, not the hundreds of thousands it
+    inherited, and writes nothing into the server's shared pages."""
+    code = ("import gc, os, resilience.rank.zygote; frozen = gc.get_freeze_count(); pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    made = [[index] for index in range(1000)]; gc.collect()\n"
+            "    print(frozen, gc.get_freeze_count(), len(gc.get_objects()), flush=True); os._exit(0)\n"
+            "os.waitpid(pid, 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    frozen, inherited_frozen, collected = map(int, out.stdout.split())
+    assert frozen > 100_000 and inherited_frozen > frozen * 0.9, out.stdout  # a few freed by their refcount
+    assert 1000 < collected < frozen // 10, out.stdout  # the rank's own lists, and little else
+
+
 @pytest.mark.parametrize("packages, library", [(DLROVER, "DLRover"), (GEMINI, "lm-resiliency"),
                                                (TORCHTITAN, "torchtitan"), (("deepspeed==0.17.6",), "DeepSpeed")])
 def test_a_layered_server_preloads_the_layered_release_and_stays_single_threaded(packages, library):

@@ -8,6 +8,7 @@ from __future__ import annotations
 # The order is the point: the environment before torch loads, then torch, then what a rank imports.
 # isort: skip_file
 
+import gc
 import os
 
 os.environ.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
@@ -55,6 +56,11 @@ def _preload_stacks() -> None:
 
 _warm_up()
 _preload_stacks()
+gc.collect()  # the warm-up's garbage goes before the rest is frozen
+# A collection in a rank (accelerate's free_memory, DeepSpeed's and Megatron's own) would walk every
+# preloaded object: about 0.3 s of CPU each, and its writes to their headers copy the server's
+# memory pages into the rank. Frozen, they are skipped (Python's advice for servers that fork).
+gc.freeze()
 
 
 def native_thread_count() -> int:
