@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from resilience.core.janitor import kill_group
+from resilience.core.janitor import kill_group, signal_process
+from resilience.core.processes import is_running
 from resilience.launch.warm_agent import MAX_SERVERS, in_a_node_namespace, live_agents, start_launcher
 from resilience.run.agent_launch import descends_from
 
@@ -101,6 +103,47 @@ def test_a_killed_warm_agent_is_reaped_and_its_ranks_are_found_below_it(tmp_path
     while pids_naming(script) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert pids_naming(script) == []
+
+
+HARNESS_KILLED_AT_ONCE = """\
+import os, signal, sys
+from resilience.core import janitor
+from resilience.launch.warm_agent import start_launcher
+launcher = start_launcher(sys.argv[2:-1], dict(os.environ), sys.argv[-1])
+os.kill(launcher.pid, signal.SIGSTOP)  # held in its start: most likely before its setsid
+janitor.register("pgid", launcher.pid)  # as AgentLaunch does
+with open(sys.argv[1], "w") as out:
+    out.write(str(launcher.pid))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_harness_killed_as_its_agent_starts_leaves_no_agent_behind(tmp_path):
+    """A harness SIGKILLed right after the server forked its agent: the janitor's group kill may
+    come before the agent's session (and group) exists and miss it. The agent, once its session
+    begins, sees the harness gone and ends before torchrun starts any rank. The harness stops the
+    agent as it starts, and the agent goes on once the janitor has had its moment."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    pid_file, log = tmp_path / "agent.pid", tmp_path / "harness.log"
+    with open(log, "wb") as output:  # not a pipe: the server and the agent would hold it open
+        harness = subprocess.run([sys.executable, "-c", HARNESS_KILLED_AT_ONCE, str(pid_file), *TORCHRUN,
+                                  str(script), str(tmp_path / "agent.log")], stdin=subprocess.DEVNULL,
+                                 stdout=output, stderr=output, timeout=120, env=dict(os.environ, SLEEP="1"))
+    assert harness.returncode == -9, log.read_text()
+    agent = int(pid_file.read_text())
+    try:
+        time.sleep(1)  # the janitor's group kill, which a stopped agent past its setsid would not survive
+        signal_process(agent, signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while is_running(agent) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not is_running(agent), "the warm agent outlived the harness that asked for it"
+        assert pids_naming(script) == []
+    finally:
+        for pid in [agent, *pids_naming(script)]:
+            with contextlib.suppress(ProcessLookupError):
+                kill_group(os.getpgid(pid))
 
 
 def test_another_launcher_starts_as_a_fresh_process(tmp_path):

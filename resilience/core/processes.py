@@ -21,6 +21,12 @@ def process_state(pid: int) -> tuple[str, int] | None:
         return None
 
 
+def is_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has: its parent has yet to reap it)."""
+    state = process_state(pid)
+    return state is not None and state[0] != "Z"
+
+
 def die_with_parent() -> None:
     """Ask the kernel to SIGKILL this process when its parent dies (for a rank: the harness, or the
     forkserver, which itself exits with the harness), so nothing outlives the run; exit at once

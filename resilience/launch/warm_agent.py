@@ -24,6 +24,7 @@ from multiprocessing import forkserver
 from pathlib import Path
 
 from ..core.janitor import signal_process
+from ..core.processes import is_running
 from ..faults.network.netns import is_in_namespace, list_namespaces
 from .fork_server import ServerProcess, new_server, stop_server
 
@@ -72,7 +73,7 @@ class _WarmAgent(Launcher):
         import_time = {name: env.get(name) for name in sorted(names)}
         key = tuple(import_time.items())
         self._process = ServerProcess(target=_run_agent, name="torchrun",
-                                      args=(args, dict(env), os.getcwd(), str(log_path)),
+                                      args=(args, dict(env), os.getcwd(), str(log_path), os.getpid()),
                                       server=_server(key), prepare=_fresh_argv_and_path,
                                       server_environment=import_time)
         self._process.start()
@@ -129,14 +130,17 @@ def _fresh_argv_and_path(data: dict) -> dict:
     return data
 
 
-def _run_agent(args: list[str], env: dict[str, str], cwd: str, log_path: str) -> None:
+def _run_agent(args: list[str], env: dict[str, str], cwd: str, log_path: str, harness: int) -> None:
     """In the forked agent: what ``python -m torch.distributed.run ARGS`` does, from ``cwd``, with
-    ``env``, its output in ``log_path``."""
+    ``env``, its output in ``log_path``; nothing where ``harness`` (the pid that asked for it) died
+    before the agent's own session began."""
     import tempfile
     import traceback
     from multiprocessing import process
 
     os.setsid()
+    if not is_running(harness):  # its janitor's kill of our group came before the group existed
+        os._exit(1)
     for fd in map(int, os.listdir("/proc/self/fd")):  # the server's pipes pass to nothing it starts
         if fd > 2:
             with contextlib.suppress(OSError):

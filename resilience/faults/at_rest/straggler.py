@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.confined import resolve_under
-from ...core.processes import process_state
+from ...core.processes import is_running
 from ...core.waiting import wait_until
 from ...errors import HarnessError
 from ..base import CaseEnvironment
@@ -86,7 +86,7 @@ class Straggler(DamageAfterSave):
             return  # the trigger never fired
         (env.case_dir / RELEASE_FILE).touch()
         def gone() -> bool:
-            return not any(_alive(pid) for pid in pids)
+            return not any(is_running(pid) for pid in pids)
 
         if not wait_until((env.case_dir / FIRST_WRITE_FILE).exists, FIRST_WRITE_WAIT_S, interval_s=0.01,
                           give_up=gone):
@@ -103,7 +103,7 @@ class Straggler(DamageAfterSave):
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     continue
-        wait_until(lambda: not any(_alive(pid) for pid in pids), EXIT_WAIT_S)
+        wait_until(lambda: not any(is_running(pid) for pid in pids), EXIT_WAIT_S)
 
 
 def _started(env: CaseEnvironment) -> list[int]:
@@ -121,11 +121,6 @@ def _is_our_straggler(pid: int, case_dir: Path) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return MODULE in command and str(case_dir) in command
-
-
-def _alive(pid: int) -> bool:
-    state = process_state(pid)
-    return state is not None and state[0] != "Z"  # a zombie has exited; its new parent reaps it
 
 
 def main(argv: list[str]) -> int:
