@@ -308,6 +308,35 @@ def test_a_hang_says_where_each_rank_of_the_script_waits(tmp_path):
     assert list(tmp_path.iterdir()) == [] and pids_naming(tmp_path) == []
 
 
+HANGS_AT_THE_END = """\
+import time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+model = torch.nn.Linear(2, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model(torch.ones(1, 2)).sum().backward()
+optimizer.step()
+if dist.get_rank() == 1:
+    time.sleep(600)
+dist.barrier()
+"""
+
+
+def test_a_reference_run_that_hangs_says_so_and_where_each_rank_waits(tmp_path):
+    """The uninterrupted run is the oracle: where it hangs there is no verdict, and the error says
+    it hung, past which deadline, and where each rank waited (not merely that it did not complete)."""
+    from resilience.errors import HarnessError
+
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGS_AT_THE_END)
+    job = BlackBoxJob(script=script, launch_timeout_s=20.0)
+    with pytest.raises(HarnessError) as failure:
+        qualify_script(job, {"kind": "kill", "rank": 1, "step": 1}, work_root=tmp_path / "work", cache=None)
+    message = str(failure.value)
+    assert f"the uninterrupted run of {script} hung (" in message and "past its 20 s deadline" in message
+    assert "rank 1: at " in message and "hangs.py" in message, message
+    assert pids_naming(tmp_path) == []
+
+
 def test_a_launcher_failure_is_reported_as_such_with_the_command_that_reproduces_it(tmp_path):
     """torchrun's agent fails before any rank (its log directory cannot be made): an error naming
     the launcher and the command, never a verdict on the script."""
