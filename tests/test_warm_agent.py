@@ -15,6 +15,7 @@ import pytest
 
 from resilience.core.janitor import kill_group, signal_process
 from resilience.core.processes import is_running
+from resilience.core.waiting import wait_until
 from resilience.launch.warm_agent import MAX_SERVERS, in_a_node_namespace, live_agents, start_launcher
 from resilience.run.agent_launch import descends_from
 
@@ -135,10 +136,8 @@ def test_a_harness_killed_as_its_agent_starts_leaves_no_agent_behind(tmp_path):
     try:
         time.sleep(1)  # the janitor's group kill, which a stopped agent past its setsid would not survive
         signal_process(agent, signal.SIGCONT)
-        deadline = time.monotonic() + 30
-        while is_running(agent) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not is_running(agent), "the warm agent outlived the harness that asked for it"
+        assert wait_until(lambda: not is_running(agent), 30, interval_s=0.1), \
+            "the warm agent outlived the harness that asked for it"
         assert pids_naming(script) == []
     finally:
         for pid in [agent, *pids_naming(script)]:

@@ -189,8 +189,8 @@ class _BlackBoxRun:
             hung = self.launch(run_dir, fault=None, launch=0, args=self.job.args, restarts=0)
             logs = self.logs(run_dir, Incarnation(0, 0))
             if hung or any(log.errors for log in logs) or not logs or not logs[0].step_losses():
-                waits = "; ".join(waiting_places(run_dir, 0))
-                why = (f"hung ({hung}) past its {self.job.launch_timeout_s:g} s deadline; {waits}" if hung
+                why = (f"hung ({hung}) past its {self.job.launch_timeout_s:g} s deadline; "
+                       + "; ".join(waiting_places(run_dir, 0)) if hung
                        else "did not complete (or no optimizer step was seen after a backward)")
                 raise HarnessError(f"the uninterrupted run of {self.job.script} {why}; its output:\n"
                                    f"{tail(run_dir / 'torchrun.launch0.log')}")
