@@ -23,6 +23,7 @@ import subprocess
 from pathlib import Path
 
 from ...core import janitor
+from ...core.processes import is_running
 from ...errors import NetworkError
 
 NETNS_DIR = Path("/run/netns")
@@ -54,16 +55,6 @@ def list_namespaces() -> list[str]:
         return []
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
 def _delete_namespace(name: str) -> None:
     subprocess.run(["ip", "netns", "delete", name], check=False, capture_output=True, timeout=COMMAND_TIMEOUT_S)
 
@@ -71,7 +62,7 @@ def _delete_namespace(name: str) -> None:
 def remove_stale_namespaces() -> list[str]:
     """Namespaces of harnesses that died before their teardown: removed, and returned."""
     stale = [name for name in list_namespaces()
-             if (match := NAME.match(name)) and not _alive(int(match.group("pid")))]
+             if (match := NAME.match(name)) and not is_running(int(match.group("pid")))]
     for name in stale:
         _delete_namespace(name)
     return stale

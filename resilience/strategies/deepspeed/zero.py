@@ -50,6 +50,16 @@ def load_weights_only(path) -> Any:
         return torch.load(path, weights_only=True)
 
 
+def stamp_version(path, version: str) -> None:
+    """Rewrite ``ds_version`` in one of DeepSpeed's checkpoint files, at the top level and in the
+    optimizer state, where DeepSpeed reads it."""
+    state = load_weights_only(path)
+    for holder in (state, *(v for v in state.values() if isinstance(v, dict))):
+        if "ds_version" in holder:
+            holder["ds_version"] = version
+    torch.save(state, path)
+
+
 class ZeroCheckpoint(CheckpointStrategy):
     """``engine.save_checkpoint(dir, tag="global_stepN", client_state=...)`` on every rank after a
     checkpoint step, and ``engine.load_checkpoint(dir)`` at restart, which follows ``latest``.
@@ -135,18 +145,14 @@ class ZeroCheckpoint(CheckpointStrategy):
     CLAIMED_DS_VERSIONS: ClassVar[Mapping[str, str]] = {"older": "0.3.0", "newer": "99.0.0"}
 
     def rewrite_version_stamp(self, step: int, claim: str) -> list[str]:
-        """``ds_version`` in this rank's files of the tag (its shards; rank 0 also the shared
-        model states), at the top level and in the optimizer state, where DeepSpeed reads it."""
+        """``ds_version`` (`stamp_version`) in this rank's files of the tag: its shards; rank 0 also
+        the shared model states."""
         rank, root = self.context.rank, self.context.checkpoint_dir
         changed = []
         for path in sorted((root / f"global_step{step}").glob("*.pt")):
             if not (f"zero_pp_rank_{rank}_" in path.name or (rank == 0 and path.name.startswith("mp_rank_"))):
                 continue
-            state = load_weights_only(path)
-            for holder in (state, *(v for v in state.values() if isinstance(v, dict))):
-                if "ds_version" in holder:
-                    holder["ds_version"] = self.CLAIMED_DS_VERSIONS[claim]
-            torch.save(state, path)
+            stamp_version(path, self.CLAIMED_DS_VERSIONS[claim])
             changed.append(path.relative_to(root).as_posix())
         return changed
 

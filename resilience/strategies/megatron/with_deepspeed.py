@@ -33,12 +33,11 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from ...workloads.base import Workload
 from ..deepspeed.engine import deepspeed_version, import_deepspeed
-from ..deepspeed.zero import Zero1, load_weights_only
+from ..deepspeed.zero import Zero1, stamp_version
 from .layout import write_tracker
 from .with_deepspeed_engine import TensorParallelGroups, ZeroTrainedTensorParallel
 
@@ -110,11 +109,7 @@ class MegatronDeepSpeed(Zero1):
             mine.append(f"mp_rank_{coords.tp:02d}_model_states.pt")
         root, changed = self.context.checkpoint_dir, []
         for path in (root / self.tag_for(step) / name for name in mine):
-            state = load_weights_only(path)
-            for holder in (state, *(v for v in state.values() if isinstance(v, dict))):
-                if "ds_version" in holder:
-                    holder["ds_version"] = self.CLAIMED_DS_VERSIONS[claim]
-            torch.save(state, path)
+            stamp_version(path, self.CLAIMED_DS_VERSIONS[claim])
             changed.append(path.relative_to(root).as_posix())
         return changed
 
