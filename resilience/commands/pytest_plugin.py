@@ -1,6 +1,7 @@
 """pytest plugin: collects `*.scenario.yaml` files (and nothing else) and runs one item per case."""
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 from ..core import compile_cache
 from ..core.case import Case
 from ..core.interrupts import end_like_ctrl_c_on_sigterm
+from ..core.processes import tree_cpu_seconds
 from ..core.records import CaseResult
 from ..core.script_case import ScriptCase
 from ..errors import CaseFailed, HarnessError, ScenarioError, Unavailable
@@ -46,6 +48,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "script: a case on a user's own training script (black-box mode)")
     if not hasattr(config, "workerinput"):  # a worker's reports reach the controller's hooks too
         config.pluginmanager.register(DurationRecorder(_durations_path(config)), "resilience-durations")
+        if getattr(config.option, "maxschedchunk", "absent") is None:
+            # xdist hands each worker its next case when it starts one (not a quarter of the run at
+            # once), so the order below is the order cases start in and neighbours run side by side
+            config.option.maxschedchunk = 1
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):
@@ -57,16 +63,17 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Cases of the deep tier run only where ``-m`` names them (``-m deep``); otherwise they are
     deselected, as ``-m "not deep"`` would, and counted as such. The cases then run longest first,
-    by what the last run recorded (`case_durations`; a case never seen goes first)."""
+    by what the last run recorded, those that mostly wait spaced apart (`case_durations`; a case
+    never seen goes first)."""
     if not re.search(r"\bdeep\b", config.option.markexpr or ""):  # the marker, not strategy_deepspeed
         deep = [item for item in items if item.get_closest_marker("deep")]
         if deep:
             config.hook.pytest_deselected(items=deep)
             items[:] = [item for item in items if not item.get_closest_marker("deep")]
-    recorded = config.workerinput.get(DURATIONS_INPUT, {}) if hasattr(config, "workerinput") \
-        else case_durations.read(_durations_path(config))
-    items[:] = case_durations.longest_first(items, recorded,
-                                            lambda item: item.nodeid if isinstance(item, CaseItem) else None)
+    recorded = case_durations.from_records(config.workerinput.get(DURATIONS_INPUT, {})) \
+        if hasattr(config, "workerinput") else case_durations.read(_durations_path(config))
+    items[:] = case_durations.run_order(items, recorded,
+                                        lambda item: item.nodeid if isinstance(item, CaseItem) else None)
 
 
 DURATIONS_INPUT = "resilience_durations"  # the controller's one reading, handed to every xdist worker
@@ -76,22 +83,42 @@ DURATIONS_INPUT = "resilience_durations"  # the controller's one reading, handed
 def pytest_configure_node(node) -> None:
     """(xdist, in the controller) Every worker orders the cases by the same reading of the durations,
     as xdist requires, even if another run replaces the file meanwhile."""
-    node.workerinput[DURATIONS_INPUT] = case_durations.read(_durations_path(node.config))
+    node.workerinput[DURATIONS_INPUT] = case_durations.as_records(case_durations.read(_durations_path(node.config)))
 
 
 def _durations_path(config: pytest.Config) -> Path:
     return case_durations.durations_path(config.option.resilience_cache or default_cache_dir())
 
 
+CPU_PROPERTY = "cpu_seconds"  # a case's report property: what its processes spent running it
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """(where the case runs: a worker, or a run without workers) The CPU seconds this process and
+    the processes it started spent on the case: its ranks (reaped by a fork server of this
+    process), torchrun and its workers, the servers it talks to."""
+    if not isinstance(item, CaseItem):
+        yield
+        return
+    before = tree_cpu_seconds(os.getpid())
+    yield
+    item.user_properties.append((CPU_PROPERTY, round(tree_cpu_seconds(os.getpid()) - before, 2)))
+
+
 class DurationRecorder:
-    """In the run's controller (or a run without workers): each case's seconds, written at its end."""
+    """In the run's controller (or a run without workers): each case's seconds and CPU seconds,
+    written at the run's end."""
 
     def __init__(self, path: Path):
         self.path, self.measured = path, {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if "scenario" in report.keywords:
-            self.measured[report.nodeid] = self.measured.get(report.nodeid, 0.0) + report.duration
+        if "scenario" not in report.keywords:
+            return
+        last = self.measured.get(report.nodeid, case_durations.CaseCost(0.0))
+        cpu = dict(report.user_properties).get(CPU_PROPERTY, last.cpu_seconds)  # the call's report has it
+        self.measured[report.nodeid] = case_durations.CaseCost(last.seconds + report.duration, cpu)
 
     def pytest_sessionfinish(self) -> None:
         case_durations.write(self.path, self.measured)
