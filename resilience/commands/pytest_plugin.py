@@ -48,7 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "script: a case on a user's own training script (black-box mode)")
     if not hasattr(config, "workerinput"):  # a worker's reports reach the controller's hooks too
         config.pluginmanager.register(DurationRecorder(_durations_path(config)), "resilience-durations")
-        if getattr(config.option, "maxschedchunk", "absent") is None:
+        if hasattr(config.option, "maxschedchunk") and config.option.maxschedchunk is None:  # xdist, not given
             # xdist hands each worker its next case when it starts one (not a quarter of the run at
             # once), so the order below is the order cases start in and neighbours run side by side
             config.option.maxschedchunk = 1
