@@ -58,6 +58,27 @@ def test_markers_select_by_strategy_and_fault(suite):
     result.stdout.fnmatch_lines(["fast.scenario.yaml::strategy=torch.per_rank", "*1/2 tests collected*"])
 
 
+def test_a_case_is_selected_by_its_values(suite):
+    """A case id's ``key=value`` cannot be written in -k; its values are a marker's arguments."""
+    suite.makefile(".scenario.yaml", stall=FAST_CASE.replace("expect: recovers", textwrap.dedent("""\
+        fault: {kind: stall, rank: 0, step: 1, seconds: 3}
+        expect: recovers""")).replace("strategy: [torch.rank0, torch.per_rank]", "fault.seconds: [3, 25]"))
+    result = suite.runpytest("--collect-only", "-q", "-p", "no:cacheprovider",
+                             "-m", "case(fault='stall', fault_seconds=25, tier='full')")
+    result.stdout.fnmatch_lines(["stall.scenario.yaml::fault.seconds=25", "*1/4 tests collected (3 deselected)*"])
+    quoted = suite.runpytest("--collect-only", "-q", "-p", "no:cacheprovider", "-m", "case(fault_seconds='25')")
+    quoted.stdout.fnmatch_lines(["no tests collected (4 deselected)*"])  # whole numbers are ints, as -m writes them
+
+
+def test_an_equals_sign_in_k_is_refused_with_what_selects_by_value(suite):
+    """pytest's -k has no '=': under xdist its refusal is an INTERNALERROR naming no cause; the
+    plugin refuses first, in the controller, and says what to write instead."""
+    result = suite.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider", "-k", "strategy=torch.rank0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*-k 'strategy=torch.rank0'*no '='*-m \"case(strategy='torch.rank0'*"])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
 def test_the_deep_tier_runs_only_where_m_names_it(suite):
     suite.makefile(".scenario.yaml", deep=FAST_CASE.replace("name: fast no-fault case", "name: deep\ntier: deep"))
     plain = suite.runpytest("--collect-only", "-q", "-p", "no:cacheprovider")

@@ -181,6 +181,18 @@ def test_keyword_selection_uses_pytest_expressions():
         keyword_filter("rank0 and")(case)
 
 
+def test_keyword_selection_matches_a_case_by_its_values():
+    case = load_document({**BROKEN, "strategy": "torch.rank0", "matrix": {"fault.step": [6, 7]}},
+                         "scenarios/x.scenario.yaml").cases[1]
+    assert keyword_filter("case(strategy='torch.rank0', fault='kill', fault_step=7)")(case)
+    assert not keyword_filter("case(fault_step=6)")(case)
+    assert not keyword_filter("case(fault_step='7')")(case)  # whole numbers are ints, as pytest's -m has them
+    assert not keyword_filter("case(no_such_key=7)")(case)
+    assert keyword_filter("kill and not case(fault_step=6)")(case)
+    with pytest.raises(ResilienceError, match=r"-k 'strategy\(name=1\)': strategy\(...\) names nothing; allowed: case"):
+        keyword_filter("strategy(name=1)")
+
+
 def test_malformed_keyword_expression_is_refused(tmp_path, capsys):
     status = cli.main(["qualify", str(ROOT / "scenarios"), "-k", "rank0 and", "--out", str(tmp_path)])
     assert status == 2 and "-k 'rank0 and'" in capsys.readouterr().err

@@ -21,6 +21,7 @@ from ..report.text import render
 from ..run.blackbox import describe, run_script_case
 from ..run.harness import Harness
 from ..run.reference_cache import ReferenceCache, default_cache_dir
+from ..scenario import selection
 from ..scenario.discovery import is_scenario_file
 from ..scenario.loader import load_any_file
 from . import case_durations
@@ -46,6 +47,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "deep: a costly case (tier: deep), run only when -m names it: -m deep")
     config.addinivalue_line("markers", "scenario: a case from a resilience scenario file")
     config.addinivalue_line("markers", "script: a case on a user's own training script (black-box mode)")
+    config.addinivalue_line("markers", f"{selection.MARKER}(key=value, ...): a case's values, for -m "
+                                       f"\"{selection.MARKER}(strategy='torch.rank0', fault_seconds=3)\"")
+    if "=" in (config.option.keyword or ""):  # pytest would refuse it (under xdist: an INTERNALERROR)
+        raise pytest.UsageError(selection.keyword_hint(config.option.keyword))
     if not hasattr(config, "workerinput"):  # a worker's reports reach the controller's hooks too
         config.pluginmanager.register(DurationRecorder(_durations_path(config)), "resilience-durations")
         if hasattr(config.option, "maxschedchunk") and config.option.maxschedchunk is None:  # xdist, not given
@@ -159,6 +164,7 @@ class ScenarioFile(pytest.File):
                 item.add_marker(marker)
                 item.add_marker("scenario")
                 item.add_marker("script")
+                item.add_marker(getattr(pytest.mark, selection.MARKER)(**selection.selection_values(case)))
                 if case.tier in ("smoke", "deep"):
                     item.add_marker(case.tier)
                 yield item
@@ -169,6 +175,7 @@ class ScenarioFile(pytest.File):
                 self.config.addinivalue_line("markers", f"{marker}: generated from scenario files")
                 item.add_marker(marker)
             item.add_marker("scenario")
+            item.add_marker(getattr(pytest.mark, selection.MARKER)(**selection.selection_values(case)))
             if case.tier in ("smoke", "deep"):
                 item.add_marker(case.tier)
             yield item

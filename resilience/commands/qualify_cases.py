@@ -3,6 +3,7 @@ the framework's strategies through the chosen launcher, a case on a user's scrip
 black-box mode (always under torchrun: the script's own launcher)."""
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,12 +15,13 @@ from ..errors import ResilienceError, Unavailable
 from ..oracle.outcome import CaseStatus, judge_case, judge_outcome
 from ..report.qualification import CaseRecord
 from ..run.blackbox import run_script_case
+from ..scenario import selection
 from ..scenario.discovery import load_all_cases
 
 
 def keyword_filter(expression: str | None) -> Callable[[Case | ScriptCase], bool]:
     """pytest's -k language over the words that name a case (its id, file, name, strategy or
-    script, fault)."""
+    script, fault), and ``case(key=value, ...)`` over its values (`scenario.selection`)."""
     if not expression:
         return lambda case: True
     from _pytest.mark.expression import (
@@ -31,12 +33,25 @@ def keyword_filter(expression: str | None) -> Callable[[Case | ScriptCase], bool
     except Exception as exc:  # pytest's ParseError: a malformed expression
         raise ResilienceError(f"-k {expression!r}: {exc}; allowed: words joined by and, or, not and "
                               "parentheses, each matched as a substring of a case's id, file, strategy or "
-                              "fault") from None
+                              f"fault, or {selection.MARKER}(key=value, ...) over its values") from None
+
+    unquoted = re.sub(r"'[^']*'|\"[^\"]*\"", "''", expression)  # a value's own parentheses are not a call
+    called = set(re.findall(r"([^\s()]+)\s*\(", unquoted)) - {"and", "or", "not", selection.MARKER}
+    if called:
+        raise ResilienceError(f"-k {expression!r}: {', '.join(sorted(called))}(...) names nothing; allowed: "
+                              f"{selection.MARKER}(key=value, ...) over a case's values")
 
     def selected(case: Case | ScriptCase) -> bool:
         system = Path(case.script.path).name if isinstance(case, ScriptCase) else case.strategy.name
         words = [case.id, case.source, Path(case.source).name, case.name, system, case.fault.kind]
-        return compiled.evaluate(lambda name, **_: any(name.lower() in word.lower() for word in words))
+
+        def matches(name: str, **values) -> bool:
+            if not values:
+                return any(name.lower() in word.lower() for word in words)
+            own = selection.selection_values(case)
+            return all(key in own and own[key] == value for key, value in values.items())
+
+        return compiled.evaluate(matches)
 
     return selected
 
