@@ -13,7 +13,11 @@ from pathlib import Path
 import pytest
 
 from resilience.core.case import Software, VerdictKind
+from resilience.core.processes import tree_cpu_seconds
+from resilience.core.waiting import wait_until
 from resilience.launch.backend import BACKENDS, ForkServerBackend, backend_for_software
+from resilience.launch.fork_server import ServerProcess, new_server, stop_server
+from resilience.rank.orphan_reaper import imported_by_fork_server
 from resilience.run.harness import Harness
 from resilience.run.reference_cache import ReferenceCache, reference_key
 from resilience.strategies.dlrover import PACKAGES as DLROVER
@@ -45,6 +49,35 @@ def test_a_forked_rank_collects_only_what_it_created_itself():
     frozen, inherited_frozen, collected = map(int, out.stdout.split())
     assert frozen > 100_000 and inherited_frozen > frozen * 0.9, out.stdout  # a few freed by their refcount
     assert 1000 < collected < frozen // 10, out.stdout  # the rank's own lists, and little else
+
+
+def test_a_rank_s_orphan_is_reaped_by_the_server_and_its_cpu_counted(tmp_path):
+    """A process a rank started that outlives it (megatron-core's async writer leaves a Manager per
+    rank) is re-parented to the server, not to init: the server reaps it, so its CPU stays in the
+    harness's count of the case and no zombie is left. The harness itself does not become a reaper."""
+    pid_file = tmp_path / "orphan.pid"
+    spin = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+            "while time.process_time() < 1.0: pass")  # one CPU second, however busy the machine
+    server = new_server(["resilience.rank.orphan_reaper"])
+    before = tree_cpu_seconds(os.getpid())
+    rank = ServerProcess(target=subprocess.Popen, args=([sys.executable, "-c", spin],), server=server)
+    rank.start()  # it starts the spinning process and exits at once
+    try:
+        rank.join(timeout=60)
+        assert rank.exitcode == 0
+        assert wait_until(lambda: pid_file.exists() and pid_file.read_text(), 60, interval_s=0.01)
+        orphan = int(pid_file.read_text())
+        parents = set()
+        while (stat := Path(f"/proc/{orphan}/stat")).exists():  # gone only once reaped
+            try:
+                parents.add(int(stat.read_text().rsplit(")", 1)[1].split()[1]))
+            except (OSError, IndexError):
+                break
+        assert parents and all(parent not in (1, rank.pid) for parent in parents), parents
+        assert tree_cpu_seconds(os.getpid()) - before >= 0.99  # in the server's reaped children's time
+        assert not imported_by_fork_server()
+    finally:
+        stop_server(server)
 
 
 @pytest.mark.parametrize("packages, library", [(DLROVER, "DLRover"), (GEMINI, "lm-resiliency"),

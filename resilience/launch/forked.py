@@ -21,7 +21,7 @@ from .fork_server import ServerProcess, new_server
 from .interpreters import Interpreter
 from .ranks import ProcessBackend, RankProcess, rank_environment
 
-PRELOAD = ["resilience.rank.zygote"]
+PRELOAD = ["resilience.rank.orphan_reaper", "resilience.rank.zygote"]  # the reaper first: before any rank
 
 
 class _ForkedRank(RankProcess):
