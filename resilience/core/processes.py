@@ -1,6 +1,6 @@
 """This process and others as the kernel sees them: ``/proc/<pid>/stat`` read by the one parser,
-the CPU time of a process tree, and the one request to die with the parent process
-(PR_SET_PDEATHSIG), made and undone."""
+the CPU time of a process tree, the one request to die with the parent process
+(PR_SET_PDEATHSIG), made and undone, and the request to reap orphans (PR_SET_CHILD_SUBREAPER)."""
 from __future__ import annotations
 
 import ctypes
@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def _stat_fields(pid: int | str) -> list[str] | None:
@@ -76,3 +77,12 @@ def die_with_parent() -> None:
 def outlive_parent() -> None:
     """Undo `die_with_parent` for this process (one that must finish a job its parent's death starts)."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 0)
+
+
+def become_subreaper() -> bool:
+    """Make this process the parent of its descendants' orphans, instead of init (not inherited by
+    the children it forks); it must reap them. False where the kernel cannot."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
