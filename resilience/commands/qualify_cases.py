@@ -42,8 +42,7 @@ def keyword_filter(expression: str | None) -> Callable[[Case | ScriptCase], bool
                               f"{selection.MARKER}(key=value, ...) over a case's values")
 
     def selected(case: Case | ScriptCase) -> bool:
-        system = Path(case.script.path).name if isinstance(case, ScriptCase) else case.strategy.name
-        words = [case.id, case.source, Path(case.source).name, case.name, system, case.fault.kind]
+        words = [case.id, case.source, Path(case.source).name, case.name, selection.system_name(case), case.fault.kind]
 
         def matches(name: str, **values) -> bool:
             if not values:

@@ -106,6 +106,11 @@ def case_id(combo: Overrides, full: bool) -> str:
     return ",".join(f"{key}={_id_value(value)}" for key, value in items)
 
 
+def id_items(case_id: str) -> list[tuple[str, str]]:
+    """The (key path, value text) pairs `case_id` wrote, in order; none for an id without a matrix."""
+    return [(key, text) for key, equals, text in (item.partition("=") for item in case_id.split(",")) if equals]
+
+
 def _id_items(combo: Overrides):
     """A mapping value reads as its dotted leaves: fault={kind: stall, seconds: 3} gives
     fault.kind=stall,fault.seconds=3 in the case id."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..core.case import Case
 from ..core.script_case import ScriptCase
+from .matrix import id_items
 
 MARKER = "case"
 Value = str | int | bool | None
@@ -21,14 +22,15 @@ def selection_values(case: Case | ScriptCase) -> dict[str, Value]:
     """What ``case(...)`` matches for ``case``: the values its id names, and its system, fault and
     tier. Whole numbers are ints and True, False and None are themselves, as ``-m`` writes them;
     anything else is the id's text (``fault_fraction='0.5'``)."""
-    system = ("script", Path(case.script.path).name) if isinstance(case, ScriptCase) \
-        else ("strategy", case.strategy.name)
-    values: dict[str, Value] = {system[0]: system[1], "fault": case.fault.kind, "tier": case.tier}
-    for item in case.id.split(","):
-        key, equals, text = item.partition("=")
-        if equals:  # a case without a matrix has the id "case"
-            values[key.replace(".", "_")] = _value(text)
+    values: dict[str, Value] = {"script" if isinstance(case, ScriptCase) else "strategy": system_name(case),
+                                "fault": case.fault.kind, "tier": case.tier}
+    values.update((key.replace(".", "_"), _value(text)) for key, text in id_items(case.id))
     return values
+
+
+def system_name(case: Case | ScriptCase) -> str:
+    """What a case runs: its strategy's name, or its script's file name."""
+    return Path(case.script.path).name if isinstance(case, ScriptCase) else case.strategy.name
 
 
 def _value(text: str) -> Value:
